@@ -1,0 +1,121 @@
+"""The contract every encoder family implements.
+
+An adapter turns one decoded image into model inputs plus the number of rows the language side will
+reserve for it (computed from the processor's output and configs, never from the encoder's output),
+runs the vision tower on a batch of such items, and knows which metadata a precomputed embedding
+must carry so that its row count can be checked without the image.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from PIL import Image
+
+from models.errors import MetadataError
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedImage:
+    """One preprocessed image, ready to be batched with others of the same model."""
+
+    # Every tensor is concatenated along dim 0 when items are batched.
+    tensors: dict[str, torch.Tensor]
+    # What the language side needs to place the rows (``image_grid_thw``, ``num_patches``...).
+    metadata: dict[str, Any]
+    # Rows the preprocessor predicts this image yields: the placeholder count on the language side.
+    num_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class EncoderOutput:
+    """A batch's output rows, items in order, on the CPU in float32."""
+
+    rows: torch.Tensor  # (total_rows, hidden_size)
+    # Rows produced per item when the output layout attributes them (fixed and crop families);
+    # ``None`` when the tower emits one packed sequence (dynamic resolution) and only the total is known.
+    rows_per_item: list[int] | None
+
+
+class EncoderAdapter(abc.ABC):
+    """Adapts one transformers vision architecture to the service."""
+
+    family: ClassVar[str]
+    # Metadata fields a precomputed item must carry for its row count to be checked.
+    required_metadata: ClassVar[tuple[str, ...]] = ()
+    tower_class: ClassVar[type[torch.nn.Module]]
+    processor_class: ClassVar[type]
+    # Where the encoder's weights may sit in a checkpoint: candidate key prefixes.
+    weight_prefixes: ClassVar[tuple[str, ...]] = ("",)
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        processor: Any,
+        config: Any,
+        *,
+        checkpoint: Path,
+        device: torch.device,
+        dtype: torch.dtype,
+        fingerprint: str,
+    ) -> None:
+        self.module = module
+        self.processor = processor
+        self.config = config
+        self.checkpoint = checkpoint
+        self.device = device
+        self.dtype = dtype
+        # Identity of the loaded weights and configs: part of every content hash.
+        self.fingerprint = fingerprint
+
+    # ----- what the service needs to know -----
+    @property
+    @abc.abstractmethod
+    def hidden_size(self) -> int:
+        """Width of the rows this service returns (after any merger or projector)."""
+
+    @abc.abstractmethod
+    def preprocess(self, image: Image.Image) -> PreparedImage:
+        """Run the checkpoint's image processor on one RGB image. Thread-safe, CPU only."""
+
+    @abc.abstractmethod
+    def tokens_from_metadata(self, metadata: Mapping[str, Any]) -> int:
+        """Rows an item with this metadata yields; raises :class:`MetadataError` when it cannot tell."""
+
+    @abc.abstractmethod
+    def _forward(self, batch: dict[str, torch.Tensor], items: Sequence[PreparedImage]) -> EncoderOutput:
+        """Run the tower on tensors already collated and moved to the device."""
+
+    # ----- shared behaviour -----
+    def forward(self, items: Sequence[PreparedImage]) -> EncoderOutput:
+        """Encode a batch. Blocking: call it from the worker's thread, never from the event loop."""
+        batch = {name: torch.cat([item.tensors[name] for item in items]).to(self.device) for name in items[0].tensors}
+        if "pixel_values" in batch:
+            batch["pixel_values"] = batch["pixel_values"].to(self.dtype)
+        with torch.inference_mode():
+            out = self._forward(batch, items)
+        return EncoderOutput(rows=out.rows.float().cpu(), rows_per_item=out.rows_per_item)
+
+    def warmup_image(self) -> Image.Image:
+        """A small image for the warm-up forward that readiness waits on."""
+        return Image.new("RGB", (64, 48), (127, 64, 200))
+
+    def processor_config(self) -> dict[str, Any]:
+        """The processor's settings, as hashed into every content hash."""
+        config: dict[str, Any] = json.loads(self.processor.to_json_string())
+        return config
+
+    @staticmethod
+    def _positive_int(metadata: Mapping[str, Any], field: str) -> int:
+        if field not in metadata or metadata[field] is None:
+            raise MetadataError(field, "is required for precomputed items of this model", missing=True)
+        value = metadata[field]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise MetadataError(field, f"must be a positive integer, got {value!r}", missing=False)
+        return value

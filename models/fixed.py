@@ -1,0 +1,58 @@
+"""Fixed resolution: SigLIP and CLIP vision towers.
+
+Every image is resized to the tower's input size and yields the same rows: one per patch, plus the
+class token for CLIP. Rows are the tower's ``last_hidden_state``; images are stacked into one batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import torch
+from PIL import Image
+from transformers import CLIPImageProcessorPil, CLIPVisionModel, SiglipImageProcessorPil, SiglipVisionModel
+
+from models.base import EncoderAdapter, EncoderOutput, PreparedImage
+
+
+class SiglipAdapter(EncoderAdapter):
+    family = "siglip"
+    required_metadata = ()
+    tower_class: ClassVar[type[torch.nn.Module]] = SiglipVisionModel
+    processor_class: ClassVar[type] = SiglipImageProcessorPil
+    # A dual-encoder save keeps the tower under ``vision_model.``; a standalone vision save at the root.
+    weight_prefixes: ClassVar[tuple[str, ...]] = ("vision_model.", "")
+    class_tokens: ClassVar[int] = 0
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.config.hidden_size)
+
+    def _rows_for(self, height: int, width: int) -> int:
+        patch = int(self.config.patch_size)
+        return (height // patch) * (width // patch) + self.class_tokens
+
+    def preprocess(self, image: Image.Image) -> PreparedImage:
+        pixel_values = self.processor(images=[image], return_tensors="pt")["pixel_values"]
+        return PreparedImage(
+            tensors={"pixel_values": pixel_values},
+            metadata={},
+            num_tokens=self._rows_for(pixel_values.shape[-2], pixel_values.shape[-1]),
+        )
+
+    def tokens_from_metadata(self, metadata: Mapping[str, Any]) -> int:
+        size = int(self.config.image_size)
+        return self._rows_for(size, size)
+
+    def _forward(self, batch: dict[str, torch.Tensor], items: Sequence[PreparedImage]) -> EncoderOutput:
+        hidden = self.module(pixel_values=batch["pixel_values"]).last_hidden_state
+        count, rows, width = hidden.shape
+        return EncoderOutput(rows=hidden.reshape(count * rows, width), rows_per_item=[rows] * count)
+
+
+class ClipAdapter(SiglipAdapter):
+    family = "clip"
+    tower_class = CLIPVisionModel
+    processor_class = CLIPImageProcessorPil
+    class_tokens = 1

@@ -1,0 +1,80 @@
+"""Dynamic resolution: the Qwen2-VL and Qwen2.5-VL vision towers.
+
+Each image becomes ``t*h*w`` patches; the tower's merger folds ``merge_size**2`` neighbours into one
+row of the language model's width, so an image yields ``t*h*w / merge_size**2`` rows. Images of any
+sizes are packed into one forward: concatenated patches plus one ``grid_thw`` row per image.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import torch
+from PIL import Image
+from transformers import Qwen2VLImageProcessorPil
+from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
+
+from models.base import EncoderAdapter, EncoderOutput, PreparedImage
+from models.errors import MetadataError
+
+
+class Qwen2VLAdapter(EncoderAdapter):
+    family = "qwen2_vl"
+    required_metadata = ("image_grid_thw",)
+    tower_class: ClassVar[type[torch.nn.Module]] = Qwen2VisionTransformerPretrainedModel
+    processor_class: ClassVar[type] = Qwen2VLImageProcessorPil
+    # Where the tower sits: transformers 5 full save, original hub layout, standalone tower.
+    weight_prefixes: ClassVar[tuple[str, ...]] = ("model.visual.", "visual.", "")
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.config.hidden_size)
+
+    @property
+    def merge_size(self) -> int:
+        # The processor's value, as the language side uses it to count placeholders.
+        return int(self.processor.merge_size)
+
+    def preprocess(self, image: Image.Image) -> PreparedImage:
+        out = self.processor(images=[image], return_tensors="pt")
+        grid = out["image_grid_thw"]
+        t, h, w = (int(v) for v in grid[0])
+        return PreparedImage(
+            tensors={"pixel_values": out["pixel_values"], "image_grid_thw": grid},
+            metadata={"image_grid_thw": [t, h, w]},
+            num_tokens=t * h * w // self.merge_size**2,
+        )
+
+    def tokens_from_metadata(self, metadata: Mapping[str, Any]) -> int:
+        field = "image_grid_thw"
+        if metadata.get(field) is None:
+            raise MetadataError(field, "is required for precomputed items of this model", missing=True)
+        grid = metadata[field]
+        if (
+            not isinstance(grid, list)
+            or len(grid) != 3
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in grid)
+        ):
+            raise MetadataError(field, f"must be three positive integers [t, h, w], got {grid!r}", missing=False)
+        if (grid[1] % self.merge_size) or (grid[2] % self.merge_size):
+            raise MetadataError(
+                field, f"h and w must be multiples of merge_size {self.merge_size}, got {grid!r}", missing=False
+            )
+        return math.prod(grid) // self.merge_size**2
+
+    def _forward(self, batch: dict[str, torch.Tensor], items: Sequence[PreparedImage]) -> EncoderOutput:
+        out = self.module(hidden_states=batch["pixel_values"], grid_thw=batch["image_grid_thw"])
+        # One packed sequence for the whole batch: only the total row count is observable.
+        return EncoderOutput(rows=out.pooler_output, rows_per_item=None)
+
+
+class Qwen2_5_VLAdapter(Qwen2VLAdapter):
+    family = "qwen2_5_vl"
+    tower_class = Qwen2_5_VisionTransformerPretrainedModel
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.config.out_hidden_size)
