@@ -72,7 +72,7 @@ def load_encoder(checkpoint: Path | str, *, device: torch.device, dtype: torch.d
     tower_config = family.tower_config(config)
     if not (checkpoint / "preprocessor_config.json").is_file():
         raise CheckpointError(f"{checkpoint} has no preprocessor_config.json: the image processor is required")
-    processor = adapter_cls.processor_class.from_pretrained(checkpoint, local_files_only=True)
+    processor: Any = adapter_cls.processor_class.from_pretrained(checkpoint, local_files_only=True)  # type: ignore[attr-defined]
 
     module: torch.nn.Module = adapter_cls.tower_class(tower_config)
     hasher = blake3.blake3()

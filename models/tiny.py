@@ -48,7 +48,7 @@ Layout = Literal["full", "vision"]
 
 _CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
 _CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
-_TEXT = {
+_TEXT: dict[str, Any] = {
     "vocab_size": 256,
     "hidden_size": 64,
     "intermediate_size": 128,
@@ -79,7 +79,7 @@ def fill_deterministic(model: torch.nn.Module) -> None:
 
 
 def _qwen2_vl(layout: Layout, processor_merge_size: int) -> tuple[PreTrainedModel, Any]:
-    vision = {
+    vision: dict[str, Any] = {
         "depth": 2,
         "embed_dim": 32,
         "hidden_size": 64,
@@ -107,7 +107,7 @@ def _qwen2_vl(layout: Layout, processor_merge_size: int) -> tuple[PreTrainedMode
 
 
 def _siglip(layout: Layout, _: int) -> tuple[PreTrainedModel, Any]:
-    vision = {
+    vision: dict[str, Any] = {
         "hidden_size": 32,
         "intermediate_size": 64,
         "num_hidden_layers": 2,
@@ -134,7 +134,7 @@ def _siglip(layout: Layout, _: int) -> tuple[PreTrainedModel, Any]:
 
 
 def _clip(layout: Layout, _: int) -> tuple[PreTrainedModel, Any]:
-    vision = {
+    vision: dict[str, Any] = {
         "hidden_size": 32,
         "intermediate_size": 64,
         "num_hidden_layers": 2,

@@ -1,0 +1,82 @@
+"""Content hashes and the embedding cache behind them.
+
+The hash is blake3 over the model's fingerprint (weights, config and processor config as shipped) and
+the image's bytes, so the same image on the same model has the same hash on every replica and after
+every restart. The cache is an interface with one in-process LRU implementation bounded in bytes; a
+shared backend (Redis, say) would implement the same three methods.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import blake3
+import torch
+
+__all__ = ["CachedEmbedding", "EmbeddingCache", "LRUEmbeddingCache", "content_hash"]
+
+
+def content_hash(model_fingerprint: str, image_bytes: bytes) -> str:
+    """128-bit blake3 hex over the model identity and the image bytes exactly as received."""
+    hasher = blake3.blake3(model_fingerprint.encode())
+    hasher.update(image_bytes)
+    return hasher.hexdigest(length=16)
+
+
+@dataclass(frozen=True, slots=True)
+class CachedEmbedding:
+    rows: torch.Tensor  # (num_tokens, hidden_size), float32, CPU
+    metadata: dict[str, Any]
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows.numel() * self.rows.element_size()
+
+
+class EmbeddingCache(Protocol):
+    def get(self, key: str) -> CachedEmbedding | None: ...
+
+    def put(self, key: str, value: CachedEmbedding) -> None: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+
+class LRUEmbeddingCache:
+    """Least-recently-used eviction once the rows held exceed ``max_bytes``. Thread-safe."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[str, CachedEmbedding] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> CachedEmbedding | None:
+        with self._lock:
+            value = self._entries.get(key)
+            if value is not None:
+                self._entries.move_to_end(key)
+            return value
+
+    def put(self, key: str, value: CachedEmbedding) -> None:
+        if value.nbytes > self.max_bytes:
+            return  # would evict everything and still not fit
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._bytes -= old.nbytes
+            self._entries[key] = value
+            self._bytes += value.nbytes
+            while self._bytes > self.max_bytes:
+                _, evicted = self._entries.popitem(last=False)
+                self._bytes -= evicted.nbytes
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._entries)

@@ -1,0 +1,215 @@
+"""The service's error tree, and the one place errors become HTTP responses.
+
+Every layer raises a :class:`ServiceError` subclass (a stable ``code``, an HTTP status, a message with
+the numbers, ``details``); the handlers here render all of them, FastAPI's validation errors and
+anything unexpected, in the single error shape of ``schemas.errors``. Tracebacks go to the log only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+from schemas.errors import ErrorType
+
+logger = logging.getLogger("mmencode.errors")
+
+
+class ServiceError(Exception):
+    status: ClassVar[int] = 500
+    code: ClassVar[str] = "internal_error"
+    type: ClassVar[ErrorType] = "server_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        details: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.details = dict(details) if details is not None else None
+        self.headers = dict(headers or {})
+
+
+class InvalidRequest(ServiceError):
+    status = 400
+    code = "bad_request"
+    type = "invalid_request_error"
+
+
+class ValidationFailed(InvalidRequest):
+    status = 422
+    code = "validation_error"
+
+
+class PartialPrecomputed(InvalidRequest):
+    code = "partial_precomputed"
+
+
+class MissingMetadata(InvalidRequest):
+    code = "missing_metadata"
+
+
+class PrecomputedShapeMismatch(InvalidRequest):
+    code = "precomputed_shape_mismatch"
+
+
+class InvalidImage(InvalidRequest):
+    code = "invalid_image"
+
+
+class ImageFetchFailed(InvalidRequest):
+    code = "image_fetch_failed"
+
+
+class UrlNotAllowed(InvalidRequest):
+    code = "url_not_allowed"
+
+
+class UnknownHash(InvalidRequest):
+    code = "unknown_hash"
+
+
+class ModelNotFound(InvalidRequest):
+    status = 404
+    code = "model_not_found"
+
+
+class PayloadTooLarge(InvalidRequest):
+    status = 413
+    code = "payload_too_large"
+
+
+class RouteNotFound(InvalidRequest):
+    status = 404
+    code = "not_found"
+
+
+class MethodNotAllowed(InvalidRequest):
+    status = 405
+    code = "method_not_allowed"
+
+
+class TokenCountMismatch(ServiceError):
+    code = "token_count_mismatch"
+
+
+class Overloaded(ServiceError):
+    status = 503
+    code = "overloaded"
+    type = "overloaded_error"
+
+
+class NotReady(ServiceError):
+    status = 503
+    code = "not_ready"
+
+
+class RequestTimeout(ServiceError):
+    status = 504
+    code = "timeout"
+
+
+class InternalError(ServiceError):
+    pass
+
+
+def request_id_of(request: Request) -> str | None:
+    return getattr(request.state, "request_id", None)
+
+
+def error_response(error: ServiceError, request_id: str | None) -> Response:
+    body = {
+        "error": {
+            "message": error.message,
+            "type": error.type,
+            "code": error.code,
+            "param": error.param,
+            "details": error.details,
+            "request_id": request_id,
+        }
+    }
+    return Response(
+        content=orjson.dumps(body),
+        status_code=error.status,
+        media_type="application/json",
+        headers=error.headers,
+    )
+
+
+def validation_error(problems: Sequence[Mapping[str, Any]], *, prefix: Sequence[str | int] = ()) -> ValidationFailed:
+    """A 422 listing every problem with its location, as pydantic reports them."""
+    listed = [
+        {
+            "loc": [*prefix, *problem.get("loc", ())],
+            "msg": str(problem.get("msg", "")),
+            "type": str(problem.get("type", "")),
+        }
+        for problem in problems
+    ]
+    first = listed[0] if listed else {"loc": [], "msg": "invalid request"}
+    where = _param(first["loc"])
+    return ValidationFailed(
+        f"{len(listed)} problem(s) in the request; first: {where or 'body'}: {first['msg']}",
+        param=where,
+        details={"errors": listed},
+    )
+
+
+def _param(loc: Sequence[Any]) -> str | None:
+    # ("body", "items", 1, "image") -> "items[1].image"
+    out = ""
+    for part in loc:
+        if part in ("body", "query", "path", "header") and not out:
+            continue
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or None
+
+
+async def _service_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ServiceError)
+    if exc.status >= 500:
+        logger.error("request %s failed: %s: %s", request_id_of(request), exc.code, exc.message)
+    return error_response(exc, request_id_of(request))
+
+
+async def _request_validation(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError)
+    problems = [
+        {"loc": err.get("loc", ()), "msg": err.get("msg", ""), "type": err.get("type", "")} for err in exc.errors()
+    ]
+    return error_response(validation_error(problems), request_id_of(request))
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StarletteHTTPException)
+    error: ServiceError
+    if exc.status_code == 404:
+        error = RouteNotFound(f"no route {request.method} {request.url.path}")
+    elif exc.status_code == 405:
+        error = MethodNotAllowed(f"{request.method} is not allowed on {request.url.path}")
+    elif exc.status_code == 413:
+        error = PayloadTooLarge(str(exc.detail))
+    elif exc.status_code < 500:
+        error = InvalidRequest(str(exc.detail))
+    else:
+        error = InternalError(str(exc.detail))
+    error.headers.update(exc.headers or {})
+    return error_response(error, request_id_of(request))
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(ServiceError, _service_error)
+    app.add_exception_handler(RequestValidationError, _request_validation)
+    app.add_exception_handler(StarletteHTTPException, _http_exception)

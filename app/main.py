@@ -1,0 +1,50 @@
+"""Assembles the application: ``create_app(settings)`` is the only place serving objects are built."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI
+
+from app import __version__
+from app.config import Settings
+from app.errors import install_error_handlers
+from app.middleware import RequestContextMiddleware
+from app.openapi import install_openapi
+from app.routes import encode, health
+from app.runtime import Runtime
+
+__all__ = ["create_app"]
+
+
+def create_app(settings: Settings) -> FastAPI:
+    runtime = Runtime(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Load in the background: /health answers while the model loads, /ready waits for it.
+        loading = asyncio.create_task(runtime.start(), name="mmencode-load")
+        try:
+            yield
+        finally:
+            if not loading.done():
+                loading.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await loading
+            await runtime.stop()
+
+    app = FastAPI(
+        title="mmencode",
+        version=__version__,
+        description="Vision-encoder embeddings for multimodal LLM serving.",
+        lifespan=lifespan,
+    )
+    app.state.runtime = runtime
+    app.add_middleware(RequestContextMiddleware)
+    install_error_handlers(app)
+    app.include_router(encode.router)
+    app.include_router(health.router)
+    install_openapi(app)
+    return app

@@ -1,0 +1,72 @@
+"""Per-request context: the request id, the access-log line, and the last line of defence.
+
+A pure ASGI middleware (no BaseHTTPMiddleware: it would buffer streaming bodies and break
+cancellation). It sits outside the routes, so it also turns an exception that escaped every handler
+into ``internal_error`` in the one error shape, with the id that the log line carries.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+
+from starlette.datastructures import Headers, MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.errors import InternalError, error_response
+
+__all__ = ["RequestContextMiddleware"]
+
+access_log = logging.getLogger("mmencode.access")
+error_log = logging.getLogger("mmencode.errors")
+
+# A client-sent id is echoed only if it is short and printable, so it cannot forge log lines.
+_SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
+
+
+class RequestContextMiddleware:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        sent = Headers(scope=scope).get("x-request-id", "")
+        request_id = sent if _SAFE_REQUEST_ID.fullmatch(sent) else uuid.uuid4().hex
+        state = scope.setdefault("state", {})
+        state["request_id"] = request_id
+        started = time.perf_counter()
+        status = 500
+        response_started = False
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status, response_started
+            if message["type"] == "http.response.start":
+                response_started = True
+                status = message["status"]
+                MutableHeaders(scope=message)["x-request-id"] = request_id
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception:
+            error_log.exception("unhandled error in request %s", request_id)
+            if response_started:
+                raise
+            response = error_response(InternalError("internal error; see the server log"), request_id)
+            await response(scope, receive, send_with_id)
+        finally:
+            access_log.info(
+                "%s %s %s %d items=%s tokens=%s %.1fms",
+                request_id,
+                scope.get("method", "-"),
+                scope.get("path", "-"),
+                status,
+                state.get("items", "-"),
+                state.get("tokens", "-"),
+                (time.perf_counter() - started) * 1000,
+            )

@@ -1,0 +1,53 @@
+"""Keeps ``/openapi.json`` true for routes that read their body by hand (JSON or multipart)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
+
+from schemas.errors import ErrorResponse
+
+__all__ = ["ERROR_RESPONSES", "install_openapi", "request_body"]
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse, "description": description}
+    for status, description in {
+        400: "Invalid request: partial_precomputed, missing_metadata, invalid_image, unknown_hash, ...",
+        404: "model_not_found",
+        413: "payload_too_large",
+        422: "validation_error: the body does not fit the schema",
+        500: "token_count_mismatch or internal_error",
+        503: "overloaded (with Retry-After) or not_ready",
+        504: "timeout",
+    }.items()
+}
+
+_BODY_MODELS: dict[str, type[BaseModel]] = {}
+
+
+def request_body(model: type[BaseModel], *, multipart: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``openapi_extra`` for a route that parses ``model`` itself; registers the model's schema."""
+    _BODY_MODELS[model.__name__] = model
+    content: dict[str, Any] = {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}
+    if multipart is not None:
+        content["multipart/form-data"] = {"schema": multipart}
+    return {"requestBody": {"required": True, "content": content}}
+
+
+def install_openapi(app: FastAPI) -> None:
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for name, model in _BODY_MODELS.items():
+            model_schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            components.update(model_schema.pop("$defs", {}))
+            components[name] = model_schema
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -1,0 +1,74 @@
+"""Client-sent embeddings to tensors: decoding and the checks that need no model."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+
+import numpy as np
+import torch
+
+from app.errors import PayloadTooLarge, PrecomputedShapeMismatch, ValidationFailed
+from schemas.encode import PrecomputedEmbedding
+
+__all__ = ["decode_precomputed"]
+
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def decode_precomputed(embedding: PrecomputedEmbedding, *, param: str, max_bytes: int) -> torch.Tensor:
+    """A float32 ``(rows, width)`` tensor; raises on bad encoding, size, or non-finite values."""
+    rows, width = embedding.shape
+    expected_bytes = rows * width * _ITEMSIZE[embedding.dtype]
+    if expected_bytes > max_bytes:
+        raise PayloadTooLarge(
+            f"{param} declares {expected_bytes} bytes, over the limit of {max_bytes}",
+            param=param,
+            details={"limit": "max_body_bytes", "max_bytes": max_bytes, "bytes": expected_bytes},
+        )
+    if isinstance(embedding.data, str):
+        tensor = _from_base64(embedding.data, embedding.dtype, rows, width, expected_bytes, param)
+    else:
+        lengths = {len(row) for row in embedding.data}
+        if len(embedding.data) != rows or lengths != {width}:
+            raise PrecomputedShapeMismatch(
+                f"{param}.data has {len(embedding.data)} rows of widths {sorted(lengths)}, "
+                f"but shape says {[rows, width]}",
+                param=f"{param}.data",
+                details={"declared_shape": [rows, width], "rows": len(embedding.data), "widths": sorted(lengths)},
+            )
+        tensor = torch.tensor(embedding.data, dtype=torch.float32)
+    if not bool(torch.isfinite(tensor).all()):
+        raise ValidationFailed(
+            f"{param} contains NaN or infinite values",
+            param=f"{param}.data",
+            details={"errors": [{"loc": [param, "data"], "msg": "values must be finite", "type": "finite"}]},
+        )
+    return tensor
+
+
+def _from_base64(data: str, dtype: str, rows: int, width: int, expected_bytes: int, param: str) -> torch.Tensor:
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ValidationFailed(
+            f"{param}.data is not valid base64 ({exc})",
+            param=f"{param}.data",
+            details={"errors": [{"loc": [param, "data"], "msg": "invalid base64", "type": "base64"}]},
+        ) from None
+    if len(raw) != expected_bytes:
+        raise PrecomputedShapeMismatch(
+            f"{param}.data holds {len(raw)} bytes; shape {[rows, width]} of {dtype} needs {expected_bytes}",
+            param=f"{param}.data",
+            details={
+                "declared_shape": [rows, width],
+                "dtype": dtype,
+                "bytes": len(raw),
+                "expected_bytes": expected_bytes,
+            },
+        )
+    if dtype == "bfloat16":
+        bits = np.frombuffer(raw, dtype="<i2").copy()
+        return torch.from_numpy(bits).view(torch.bfloat16).float().reshape(rows, width)
+    array = np.frombuffer(raw, dtype="<f4" if dtype == "float32" else "<f2")
+    return torch.from_numpy(array.astype(np.float32)).reshape(rows, width)

@@ -1,0 +1,1 @@
+"""HTTP routes: thin translations between wire shapes and the serving objects."""

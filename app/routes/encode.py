@@ -1,0 +1,115 @@
+"""``POST /v1/encode``: JSON for programs, ``multipart/form-data`` with ``image`` files for curl."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from pydantic import ValidationError
+from starlette.datastructures import UploadFile
+from starlette.responses import Response
+
+from app.deps import RuntimeDep
+from app.errors import validation_error
+from app.openapi import ERROR_RESPONSES, request_body
+from app.responses import JSONBytesResponse, embedding_payload
+from app.scheduler import ItemInput, ItemResult
+from schemas.encode import EncodeOptions, EncodeRequest, EncodeResponse
+
+router = APIRouter(tags=["encode"])
+
+_MULTIPART_FIELDS = {"model", "precomputed", "encoding_format", "dtype", "pooling"}
+
+
+@router.post(
+    "/v1/encode",
+    response_model=EncodeResponse,
+    responses=ERROR_RESPONSES,
+    summary="Encode images into embedding rows",
+    openapi_extra=request_body(
+        EncodeRequest,
+        multipart={
+            "type": "object",
+            "required": ["image"],
+            "properties": {
+                "image": {"type": "array", "items": {"type": "string", "format": "binary"}},
+                **{name: {"type": "string"} for name in sorted(_MULTIPART_FIELDS)},
+            },
+        },
+    ),
+)
+async def encode(request: Request, runtime: RuntimeDep) -> Response:
+    if request.headers.get("content-type", "").startswith("multipart/form-data"):
+        options, items = await _read_multipart(request, runtime.settings.max_items_per_request)
+    else:
+        # Anything else is read as JSON: `curl -d` sends a form content type by default.
+        body = _parse(EncodeRequest, await request.body())
+        options, items = (
+            body,
+            [
+                ItemInput(image=i.image, embedding=i.precomputed_embedding, metadata=i.metadata, hash=i.hash)
+                for i in body.items
+            ],
+        )
+    runtime.check_model(options.model)
+    results = await runtime.scheduler.encode(items, options.precomputed)
+    request.state.items = len(results)
+    request.state.tokens = sum(r.num_tokens for r in results)
+    return JSONBytesResponse(_response(request.state.request_id, runtime.model_name, options, results))
+
+
+def _parse(model: type[EncodeRequest], raw: bytes) -> EncodeRequest:
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        raise validation_error(exc.errors(include_url=False)) from None
+
+
+async def _read_multipart(request: Request, max_items: int) -> tuple[EncodeOptions, list[ItemInput]]:
+    form = await request.form(max_files=max_items, max_fields=len(_MULTIPART_FIELDS))
+    uploads = [value for key, value in form.multi_items() if key == "image"]
+    unknown = sorted({key for key in form if key != "image"} - _MULTIPART_FIELDS)
+    problems: list[dict[str, Any]] = [
+        {"loc": [key], "msg": "unknown form field", "type": "extra_forbidden"} for key in unknown
+    ]
+    if not uploads:
+        problems.append({"loc": ["image"], "msg": "at least one `image` file is required", "type": "missing"})
+    if any(not isinstance(upload, UploadFile) for upload in uploads):
+        problems.append({"loc": ["image"], "msg": "`image` must be a file (curl -F image=@file)", "type": "file"})
+    if problems:
+        raise validation_error(problems)
+    try:
+        options = EncodeOptions.model_validate({k: v for k, v in form.items() if k in _MULTIPART_FIELDS})
+    except ValidationError as exc:
+        raise validation_error(exc.errors(include_url=False)) from None
+    items = [ItemInput(image=await upload.read()) for upload in uploads if isinstance(upload, UploadFile)]
+    await form.close()
+    return options, items
+
+
+def _response(request_id: str, model: str, options: EncodeOptions, results: list[ItemResult]) -> dict[str, Any]:
+    items = []
+    for result in results:
+        rows = result.rows.mean(dim=0, keepdim=True) if options.pooling == "mean" else result.rows
+        items.append(
+            {
+                "index": result.index,
+                "source": result.source,
+                "hash": result.hash,
+                "num_tokens": result.num_tokens,
+                "metadata": result.metadata,
+                "embedding": embedding_payload(rows, encoding_format=options.encoding_format, dtype=options.dtype),
+            }
+        )
+    return {
+        "id": f"enc-{request_id}",
+        "model": model,
+        "items": items,
+        "usage": {
+            "items": len(results),
+            "tokens": sum(r.num_tokens for r in results),
+            "encoded_items": sum(r.source == "encoder" for r in results),
+            "cached_items": sum(r.source == "cache" for r in results),
+            "precomputed_items": sum(r.source == "precomputed" for r in results),
+        },
+    }

@@ -1,0 +1,29 @@
+"""Probes: liveness never touches the model; readiness says whether requests can be served now."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from app.deps import RuntimeDep
+from app.errors import NotReady
+from app.openapi import ERROR_RESPONSES
+
+router = APIRouter(tags=["probes"])
+
+
+@router.get("/health", summary="Liveness: 200 while the process serves HTTP")
+async def health() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get(
+    "/ready",
+    summary="Readiness: 200 once the model is loaded and warmed up",
+    responses={503: ERROR_RESPONSES[503]},
+)
+async def ready(runtime: RuntimeDep) -> dict[str, Any]:
+    if not runtime.ready:
+        raise NotReady(runtime.not_ready_reason(), details={"phase": runtime.phase.value})
+    return {"status": "ready", "model": runtime.model_name, "phase": runtime.phase.value}

@@ -1,0 +1,148 @@
+"""The serving objects of one process and their lifecycle: load, warm up, serve, drain.
+
+Loading happens in the background after the HTTP server is up, so liveness answers at once while
+readiness waits for the model and its warm-up forward.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from app.cache import LRUEmbeddingCache
+from app.config import Settings
+from app.errors import ModelNotFound, NotReady
+from app.fetch import ImageFetcher
+from app.scheduler import Limits, Scheduler
+from app.worker import EncoderWorker
+from models import EncoderAdapter, load_encoder
+from models.tiny import build_tiny
+
+__all__ = ["Phase", "Runtime", "default_model_dir", "resolve_device", "resolve_dtype"]
+
+logger = logging.getLogger("mmencode.runtime")
+
+# Bump when the embedded default checkpoint's recipe changes, so stale builds are not reused.
+_DEFAULT_MODEL_REVISION = "qwen2_vl-tiny-v1"
+
+
+class Phase(enum.Enum):
+    STARTING = "starting"
+    READY = "ready"
+    DRAINING = "draining"
+    FAILED = "failed"
+
+
+def default_model_dir(settings: Settings) -> Path:
+    return settings.cache_dir / "models" / _DEFAULT_MODEL_REVISION
+
+
+def resolve_device(name: str | None) -> torch.device:
+    if name:
+        return torch.device(name)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+class Runtime:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.phase = Phase.STARTING
+        self.failure: str | None = None
+        self.model_dir = settings.model or default_model_dir(settings)
+        self.model_name = settings.served_model_name or self.model_dir.name
+        self.adapter: EncoderAdapter | None = None
+        self.worker: EncoderWorker | None = None
+        self._scheduler: Scheduler | None = None
+        self._pool = ThreadPoolExecutor(max_workers=settings.preprocess_workers, thread_name_prefix="mmencode-pre")
+        self.fetcher = ImageFetcher(
+            timeout=settings.url_fetch_timeout,
+            max_redirects=settings.url_max_redirects,
+            max_bytes=settings.max_image_bytes,
+            allow_private=settings.allow_private_urls,
+            allowed_hosts=settings.allowed_url_hosts,
+        )
+        self.cache = LRUEmbeddingCache(settings.cache_bytes)
+
+    # ----- lifecycle -----
+    async def start(self) -> None:
+        """Load, warm up and start the worker; on failure the process stays up and not ready."""
+        try:
+            adapter = await asyncio.to_thread(self._load)
+            worker = EncoderWorker(
+                adapter,
+                max_batch_tokens=self.settings.max_batch_tokens,
+                max_batch_items=self.settings.max_batch_items,
+                batch_wait_s=self.settings.batch_wait_ms / 1000,
+                max_queue=self.settings.max_queue,
+            )
+            await asyncio.to_thread(worker.warmup)
+            worker.start()
+        except Exception as exc:
+            logger.exception("model failed to load from %s", self.model_dir)
+            self.failure = f"{type(exc).__name__}: {exc}"
+            self.phase = Phase.FAILED
+            return
+        limits = Limits(
+            max_items=self.settings.max_items_per_request,
+            max_image_bytes=self.settings.max_image_bytes,
+            max_image_pixels=self.settings.max_image_pixels,
+            max_embedding_bytes=self.settings.max_body_bytes,
+            request_timeout=self.settings.request_timeout,
+        )
+        self.adapter, self.worker = adapter, worker
+        self._scheduler = Scheduler(adapter, worker, self.cache, self.fetcher, self._pool, limits)
+        self.phase = Phase.READY
+        logger.info("ready: serving %s (%s) on %s", self.model_name, adapter.family, adapter.device)
+
+    def _load(self) -> EncoderAdapter:
+        if self.settings.model is None and not (self.model_dir / "config.json").is_file():
+            logger.info("building the embedded tiny model into %s", self.model_dir)
+            build_tiny(self.model_dir, "qwen2_vl")
+        device = resolve_device(self.settings.device)
+        return load_encoder(self.model_dir, device=device, dtype=resolve_dtype(self.settings.dtype, device))
+
+    async def stop(self, grace_s: float = 30.0) -> None:
+        self.phase = Phase.DRAINING
+        if self.worker is not None:
+            await self.worker.drain(grace_s)
+        await self.fetcher.aclose()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # ----- what routes ask -----
+    @property
+    def ready(self) -> bool:
+        return self.phase is Phase.READY and self.worker is not None and self.worker.alive
+
+    @property
+    def scheduler(self) -> Scheduler:
+        if not self.ready or self._scheduler is None:
+            raise NotReady(self.not_ready_reason(), headers={"Retry-After": "5"})
+        return self._scheduler
+
+    def not_ready_reason(self) -> str:
+        if self.phase is Phase.FAILED:
+            return f"the model failed to load: {self.failure}"
+        if self.phase is Phase.DRAINING:
+            return "the service is shutting down"
+        if self.phase is Phase.READY:
+            return "the encoder worker has stopped"
+        return "the model is still loading"
+
+    def check_model(self, requested: str | None) -> None:
+        if requested is not None and requested != self.model_name:
+            raise ModelNotFound(
+                f"model {requested!r} is not served here; this service serves {self.model_name!r}",
+                param="model",
+                details={"requested": requested, "available": [self.model_name]},
+            )

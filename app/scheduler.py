@@ -1,0 +1,293 @@
+"""The request rules: what a request may ask, decided before any expensive work.
+
+In order: all-or-none precomputation and the metadata precomputed items need (before any image is
+touched); precomputed shapes; then image bytes (decoded or fetched), content hashes and the cache;
+decoding and preprocessing on a thread pool; the rest to the encoder worker. A request succeeds whole
+or fails whole: the first failing item (lowest index) names the error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+from app.cache import CachedEmbedding, EmbeddingCache, content_hash
+from app.errors import (
+    InternalError,
+    MissingMetadata,
+    NotReady,
+    Overloaded,
+    PartialPrecomputed,
+    PayloadTooLarge,
+    PrecomputedShapeMismatch,
+    RequestTimeout,
+    ServiceError,
+    TokenCountMismatch,
+    UnknownHash,
+    ValidationFailed,
+)
+from app.fetch import ImageFetcher
+from app.images import decode_base64_image, decode_image, is_url
+from app.precomputed import decode_precomputed
+from app.worker import EncoderWorker, QueueFull, TokenDrift, WorkerStopped
+from models import EncoderAdapter, MetadataError, PreparedImage
+from schemas.encode import PrecomputedEmbedding
+
+__all__ = ["ItemInput", "ItemResult", "Limits", "Scheduler"]
+
+PrecomputedMode = Literal["strict", "fill"]
+
+
+@dataclass(frozen=True, slots=True)
+class ItemInput:
+    """One item as the routes hand it over, whatever the wire format."""
+
+    image: str | bytes | None = None  # str: data URI, bare base64 or URL; bytes: an uploaded file
+    embedding: PrecomputedEmbedding | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    hash: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ItemResult:
+    index: int
+    source: Literal["encoder", "precomputed", "cache"]
+    hash: str | None
+    metadata: dict[str, Any]
+    rows: torch.Tensor  # (num_tokens, hidden_size) float32
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.rows.shape[0])
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_items: int
+    max_image_bytes: int
+    max_image_pixels: int
+    max_embedding_bytes: int
+    request_timeout: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    """A raw item that missed the cache: on its way to decoding and the encoder."""
+
+    index: int
+    hash: str
+    data: bytes
+
+
+class Scheduler:
+    def __init__(
+        self,
+        adapter: EncoderAdapter,
+        worker: EncoderWorker,
+        cache: EmbeddingCache,
+        fetcher: ImageFetcher,
+        pool: Executor,
+        limits: Limits,
+    ) -> None:
+        self.adapter = adapter
+        self.worker = worker
+        self.cache = cache
+        self.fetcher = fetcher
+        self.pool = pool
+        self.limits = limits
+
+    async def encode(self, items: Sequence[ItemInput], mode: PrecomputedMode = "strict") -> list[ItemResult]:
+        """Results in request order. Past the deadline: ``timeout``, and queued work is dropped."""
+        try:
+            async with asyncio.timeout(self.limits.request_timeout):
+                return await self._encode(items, mode)
+        except TimeoutError:
+            raise RequestTimeout(
+                f"the request took longer than {self.limits.request_timeout}s",
+                details={"timeout_s": self.limits.request_timeout},
+            ) from None
+
+    async def _encode(self, items: Sequence[ItemInput], mode: PrecomputedMode) -> list[ItemResult]:
+        if len(items) > self.limits.max_items:
+            raise PayloadTooLarge(
+                f"{len(items)} items, over the limit of {self.limits.max_items} per request",
+                param="items",
+                details={"limit": "max_items_per_request", "max_items": self.limits.max_items, "items": len(items)},
+            )
+        precomputed = [i for i, item in enumerate(items) if item.embedding is not None]
+        missing = [i for i, item in enumerate(items) if item.embedding is None]
+        if mode == "strict" and precomputed and missing:
+            raise PartialPrecomputed(
+                f"items {precomputed} carry precomputed embeddings but items {missing} do not; send all or none, "
+                'or set "precomputed": "fill" to encode the missing ones',
+                param=f"items[{missing[0]}].precomputed_embedding",
+                details={"precomputed": precomputed, "missing": missing},
+            )
+        results: dict[int, ItemResult] = {}
+        expected_rows = self._check_metadata(items, precomputed)
+        for index in precomputed:
+            results[index] = self._precomputed_result(index, items[index], expected_rows[index])
+        for result in await self._resolve_raw(items, missing):
+            results[result.index] = result
+        return [results[i] for i in range(len(items))]
+
+    # ----- precomputed items -----
+    def _check_metadata(self, items: Sequence[ItemInput], indices: Sequence[int]) -> dict[int, int]:
+        rows: dict[int, int] = {}
+        absent: list[dict[str, Any]] = []
+        malformed: list[dict[str, Any]] = []
+        for index in indices:
+            try:
+                rows[index] = self.adapter.tokens_from_metadata(items[index].metadata)
+            except MetadataError as exc:
+                entry = {"index": index, "field": exc.field, "reason": exc.reason}
+                (absent if exc.missing else malformed).append(entry)
+        if absent:
+            first = absent[0]
+            raise MissingMetadata(
+                f"item {first['index']} has a precomputed embedding but no metadata.{first['field']}, which "
+                f"{self.adapter.family} models need to check its row count",
+                param=f"items[{first['index']}].metadata.{first['field']}",
+                details={
+                    "family": self.adapter.family,
+                    "required": list(self.adapter.required_metadata),
+                    "items": absent,
+                },
+            )
+        if malformed:
+            first = malformed[0]
+            raise ValidationFailed(
+                f"items[{first['index']}].metadata.{first['field']} {first['reason']}",
+                param=f"items[{first['index']}].metadata.{first['field']}",
+                details={
+                    "errors": [
+                        {"loc": ["items", e["index"], "metadata", e["field"]], "msg": e["reason"], "type": "metadata"}
+                        for e in malformed
+                    ]
+                },
+            )
+        return rows
+
+    def _precomputed_result(self, index: int, item: ItemInput, expected_rows: int) -> ItemResult:
+        assert item.embedding is not None
+        param = f"items[{index}].precomputed_embedding"
+        expected = [expected_rows, self.adapter.hidden_size]
+        if list(item.embedding.shape) != expected:
+            raise PrecomputedShapeMismatch(
+                f"item {index}: precomputed embedding has shape {list(item.embedding.shape)}, "
+                f"but its metadata implies {expected} on this model",
+                param=f"{param}.shape",
+                details={"items": [{"index": index, "expected": expected, "given": list(item.embedding.shape)}]},
+            )
+        rows = decode_precomputed(item.embedding, param=param, max_bytes=self.limits.max_embedding_bytes)
+        return ItemResult(index, "precomputed", None, dict(item.metadata), rows)
+
+    # ----- raw items: hash, cache, decode, encode -----
+    async def _resolve_raw(self, items: Sequence[ItemInput], indices: Sequence[int]) -> list[ItemResult]:
+        fetched = await _gather_in_order(indices, [self._image_bytes(i, items[i]) for i in indices])
+        results: list[ItemResult] = []
+        pending: list[_Pending] = []
+        for index, data in zip(indices, fetched, strict=True):
+            key = items[index].hash if data is None else content_hash(self.adapter.fingerprint, data)
+            assert key is not None
+            hit = self.cache.get(key)
+            if hit is not None:
+                results.append(ItemResult(index, "cache", key, dict(hit.metadata), hit.rows))
+            elif data is None:
+                raise UnknownHash(
+                    f"item {index}: hash {key!r} is not in the cache; send the image instead",
+                    param=f"items[{index}].hash",
+                    details={"index": index, "hash": key},
+                )
+            else:
+                pending.append(_Pending(index, key, data))
+        if not pending:
+            return results
+
+        loop = asyncio.get_running_loop()
+        prepared = await _gather_in_order(
+            [p.index for p in pending],
+            [loop.run_in_executor(self.pool, self._prepare, p.data) for p in pending],
+        )
+        rows = await self._run_encoder(prepared, [p.index for p in pending])
+        for entry, item, item_rows in zip(pending, prepared, rows, strict=True):
+            self.cache.put(entry.hash, CachedEmbedding(item_rows, item.metadata))
+            results.append(ItemResult(entry.index, "encoder", entry.hash, dict(item.metadata), item_rows))
+        return results
+
+    async def _image_bytes(self, index: int, item: ItemInput) -> bytes | None:
+        """The file bytes of an item's image; ``None`` for an item that only names a hash."""
+        if item.image is None:
+            return None
+        if isinstance(item.image, bytes):
+            if len(item.image) > self.limits.max_image_bytes:
+                raise PayloadTooLarge(
+                    f"image is {len(item.image)} bytes, over the limit of {self.limits.max_image_bytes}",
+                    details={"limit": "max_image_bytes", "max_bytes": self.limits.max_image_bytes},
+                )
+            return item.image
+        if is_url(item.image):
+            return await self.fetcher.fetch(item.image)
+        if len(item.image) < 64 * 1024:
+            return decode_base64_image(item.image, max_bytes=self.limits.max_image_bytes)
+        return await asyncio.get_running_loop().run_in_executor(
+            self.pool, lambda: decode_base64_image(str(item.image), max_bytes=self.limits.max_image_bytes)
+        )
+
+    def _prepare(self, data: bytes) -> PreparedImage:
+        """Decode and preprocess one image; runs on the pool."""
+        return self.adapter.preprocess(decode_image(data, max_pixels=self.limits.max_image_pixels))
+
+    async def _run_encoder(self, prepared: list[PreparedImage], indices: list[int]) -> list[torch.Tensor]:
+        try:
+            return await self.worker.encode(prepared)
+        except QueueFull:
+            raise Overloaded(
+                "the encoder queue is full; retry shortly",
+                details={"queue_depth": self.worker.queue_depth},
+                headers={"Retry-After": "1"},
+            ) from None
+        except WorkerStopped:
+            raise NotReady("the encoder worker is not running") from None
+        except TokenDrift as drift:
+            per_item = [
+                {
+                    "index": index,
+                    "expected": expected,
+                    "produced": None if drift.produced is None else drift.produced[k],
+                }
+                for k, (index, expected) in enumerate(zip(indices, drift.expected, strict=True))
+            ]
+            raise TokenCountMismatch(
+                f"the encoder produced {drift.produced_total} rows, but the preprocessor predicted "
+                f"{sum(drift.expected)} for items {indices}; the checkpoint's processor and model configs disagree",
+                details={
+                    "expected_total": sum(drift.expected),
+                    "produced_total": drift.produced_total,
+                    "items": per_item,
+                },
+            ) from None
+        except ServiceError:
+            raise
+        except Exception as exc:
+            raise InternalError(f"the encoder failed on this request: {type(exc).__name__}") from exc
+
+
+async def _gather_in_order(indices: Sequence[int], awaitables: Sequence[Any]) -> list[Any]:
+    """Await all; if any failed, raise the failure of the lowest item index, naming the item."""
+    outcomes = await asyncio.gather(*awaitables, return_exceptions=True)
+    for index, outcome in zip(indices, outcomes, strict=True):
+        if isinstance(outcome, ServiceError):
+            if outcome.param is None:
+                outcome.param = f"items[{index}].image"
+            outcome.details = {"index": index, **(outcome.details or {})}
+            outcome.message = f"item {index}: {outcome.message}"
+            raise outcome
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return list(outcomes)

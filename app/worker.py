@@ -1,0 +1,218 @@
+"""The encoder worker: owns the model on its device, batches across requests, checks every row count.
+
+One asyncio task collects jobs (one job = the items of one request that need the encoder) into a batch
+bounded by items and rows, waiting at most ``batch_wait`` for more; one dedicated thread runs the
+forward, so the event loop never blocks and the model only ever sees one thread. Output rows are sliced
+per item with the *preprocessor's* predicted counts and checked against what the encoder produced.
+A batch that raises or drifts is re-run job by job, so only the requests that caused it fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+
+from models import EncoderAdapter, PreparedImage
+
+__all__ = ["EncoderWorker", "QueueFull", "TokenDrift", "WorkerStopped"]
+
+logger = logging.getLogger("mmencode.worker")
+
+
+class QueueFull(Exception):
+    """The bounded queue is full: admission refused."""
+
+
+class WorkerStopped(Exception):
+    """The worker is not running (not started, draining finished, or dead)."""
+
+
+class TokenDrift(Exception):
+    """The encoder produced a different number of rows than the preprocessor predicted.
+
+    ``expected`` holds the prediction per item of the job; ``produced`` holds the observed rows per
+    item, or ``None`` when the encoder's output only tells the total.
+    """
+
+    def __init__(self, expected: list[int], produced_total: int, produced: list[int] | None) -> None:
+        super().__init__(f"encoder produced {produced_total} rows, the preprocessor predicted {sum(expected)}")
+        self.expected = expected
+        self.produced_total = produced_total
+        self.produced = produced
+
+
+@dataclass(eq=False)
+class _Job:
+    items: Sequence[PreparedImage]
+    future: asyncio.Future[list[torch.Tensor]]
+    tokens: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.tokens = sum(item.num_tokens for item in self.items)
+
+
+_Outcome = list[torch.Tensor] | BaseException
+
+
+class EncoderWorker:
+    def __init__(
+        self,
+        adapter: EncoderAdapter,
+        *,
+        max_batch_tokens: int,
+        max_batch_items: int,
+        batch_wait_s: float,
+        max_queue: int,
+    ) -> None:
+        self.adapter = adapter
+        self.max_batch_tokens = max_batch_tokens
+        self.max_batch_items = max_batch_items
+        self.batch_wait_s = batch_wait_s
+        self._queue: asyncio.Queue[_Job] = asyncio.Queue(maxsize=max_queue)
+        self._carry: _Job | None = None  # taken from the queue but over the budget of the last batch
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mmencode-encoder")
+        self._task: asyncio.Task[None] | None = None
+
+    # ----- lifecycle -----
+    def warmup(self) -> None:
+        """One forward on a small image, blocking; readiness waits on it."""
+        self.adapter.forward([self.adapter.preprocess(self.adapter.warmup_image())])
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="mmencode-worker")
+
+    @property
+    def alive(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    @property
+    def queue_depth(self) -> int:
+        return self._queue.qsize() + (self._carry is not None)
+
+    async def drain(self, grace_s: float) -> None:
+        """Let queued and running work finish (for at most ``grace_s``), then stop."""
+        if self.alive:
+            try:
+                async with asyncio.timeout(grace_s):
+                    await self._queue.join()
+            except TimeoutError:
+                logger.warning("drain: %d requests still queued after %.0fs; failing them", self.queue_depth, grace_s)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._executor.shutdown(wait=True)
+
+    # ----- API -----
+    async def encode(self, items: Sequence[PreparedImage]) -> list[torch.Tensor]:
+        """Rows for each item, in order. Raises QueueFull, WorkerStopped, TokenDrift or the model's error."""
+        if not self.alive:
+            raise WorkerStopped("the encoder worker is not running")
+        job = _Job(items=items, future=asyncio.get_running_loop().create_future())
+        try:
+            self._queue.put_nowait(job)
+        except asyncio.QueueFull:
+            raise QueueFull from None
+        return await job.future
+
+    # ----- the loop -----
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await self._next_batch()
+            if not batch:
+                continue
+            try:
+                outcomes = await loop.run_in_executor(self._executor, self._encode_jobs, batch)
+            except Exception as exc:  # the executor itself failed: fail this batch, keep serving
+                logger.exception("encoder batch failed outside the model")
+                outcomes = [exc] * len(batch)
+            for job, outcome in zip(batch, outcomes, strict=True):
+                self._queue.task_done()
+                if job.future.done():  # the request gave up (deadline or client gone)
+                    continue
+                if isinstance(outcome, BaseException):
+                    job.future.set_exception(outcome)
+                else:
+                    job.future.set_result(outcome)
+
+    async def _next_batch(self) -> list[_Job]:
+        first = self._carry or await self._queue.get()
+        self._carry = None
+        batch = [first]
+        items, tokens = len(first.items), first.tokens
+        deadline = time.monotonic() + self.batch_wait_s
+        while items < self.max_batch_items and tokens < self.max_batch_tokens:
+            try:
+                job = self._queue.get_nowait()
+            except asyncio.QueueEmpty:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    async with asyncio.timeout(remaining):
+                        job = await self._queue.get()
+                except TimeoutError:
+                    break
+            if items + len(job.items) > self.max_batch_items or tokens + job.tokens > self.max_batch_tokens:
+                self._carry = job
+                break
+            batch.append(job)
+            items += len(job.items)
+            tokens += job.tokens
+        # Requests that gave up while queued are dropped before any encoder work.
+        live = [job for job in batch if not job.future.done()]
+        for _ in range(len(batch) - len(live)):
+            self._queue.task_done()
+        return live
+
+    # ----- in the encoder thread -----
+    def _encode_jobs(self, jobs: Sequence[_Job]) -> list[_Outcome]:
+        items = [item for job in jobs for item in job.items]
+        try:
+            output = self.adapter.forward(items)
+        except Exception as exc:
+            if len(jobs) > 1:
+                logger.warning("batch of %d requests failed (%r); re-running them apart", len(jobs), exc)
+                return [self._encode_jobs([job])[0] for job in jobs]
+            logger.exception("encoder forward failed for a request of %d items", len(items))
+            return [exc]
+
+        expected = [item.num_tokens for item in items]
+        produced = output.rows_per_item
+        if produced is not None and sum(produced) != output.rows.shape[0]:
+            produced = None  # the layout does not add up: trust only the total
+        if produced is None and output.rows.shape[0] != sum(expected):
+            if len(jobs) > 1:
+                return [self._encode_jobs([job])[0] for job in jobs]
+            total = int(output.rows.shape[0])
+            per_item = [total] if len(items) == 1 else self._rows_item_by_item(items)
+            return [TokenDrift(expected, total, per_item)]
+
+        counts = produced if produced is not None else expected
+        # Copies, not views: a cached item must not pin the whole batch's output in memory.
+        rows = [chunk.clone() for chunk in torch.split(output.rows, counts)]
+        outcomes: list[_Outcome] = []
+        start = 0
+        for job in jobs:
+            end = start + len(job.items)
+            if expected[start:end] != counts[start:end]:
+                outcomes.append(TokenDrift(expected[start:end], sum(counts[start:end]), counts[start:end]))
+            else:
+                outcomes.append(rows[start:end])
+            start = end
+        return outcomes
+
+    def _rows_item_by_item(self, items: Sequence[PreparedImage]) -> list[int] | None:
+        """Observed rows per item of a drifting packed job: run each alone (error path only)."""
+        try:
+            return [int(self.adapter.forward([item]).rows.shape[0]) for item in items]
+        except Exception:
+            return None

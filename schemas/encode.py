@@ -1,0 +1,97 @@
+"""``POST /v1/encode``: images (or precomputed embeddings) in, per-item embedding rows and metadata out."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+EmbeddingDType = Literal["float32", "float16", "bfloat16"]
+EncodingFormat = Literal["base64", "float"]
+Source = Literal["encoder", "precomputed", "cache"]
+PositiveInt = Annotated[int, Field(ge=1)]
+
+
+class PrecomputedEmbedding(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    data: str | list[list[float]] = Field(
+        description="Base64 of the little-endian bytes of a row-major `shape` array of `dtype`, or nested rows."
+    )
+    dtype: EmbeddingDType = "float32"
+    shape: Annotated[list[PositiveInt], Field(min_length=2, max_length=2)] = Field(description="[rows, width]")
+
+
+class EncodeItem(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    image: str | None = Field(
+        default=None, description="A data URI, bare base64 of the file, or an http(s) URL.", min_length=1
+    )
+    precomputed_embedding: PrecomputedEmbedding | None = None
+    metadata: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Model metadata such as `image_grid_thw` or `num_patches`; required with a precomputed embedding.",
+    )
+    hash: str | None = Field(
+        default=None,
+        description="The `hash` of an earlier response item, to reuse its embedding without sending the image.",
+        min_length=1,
+        max_length=128,
+    )
+
+    @model_validator(mode="after")
+    def _has_a_source(self) -> EncodeItem:
+        if self.image is None and self.precomputed_embedding is None and self.hash is None:
+            raise ValueError("an item needs `image`, `hash` or `precomputed_embedding`")
+        return self
+
+
+class EncodeOptions(BaseModel):
+    """Everything but the items: the JSON body's other fields, or a multipart upload's text fields."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = Field(default=None, description="If given, it must name the served model.")
+    precomputed: Literal["strict", "fill"] = Field(
+        default="strict",
+        description="`strict`: every item carries an embedding or none does. `fill`: encode the missing ones.",
+    )
+    encoding_format: EncodingFormat = "base64"
+    dtype: EmbeddingDType = "float32"
+    pooling: Literal["none", "mean"] = Field(default="none", description="`mean`: one row per item, the mean.")
+
+
+class EncodeRequest(EncodeOptions):
+    items: list[EncodeItem] = Field(min_length=1)
+
+
+class Embedding(BaseModel):
+    encoding_format: EncodingFormat
+    dtype: EmbeddingDType
+    shape: list[int]
+    data: str | list[list[float]]
+
+
+class EncodedItem(BaseModel):
+    index: int
+    source: Source
+    hash: str | None = Field(description="Content hash of the image on this model; null for precomputed items.")
+    num_tokens: int = Field(description="Rows the language model reserves for this item.")
+    metadata: dict[str, Any]
+    embedding: Embedding
+
+
+class EncodeUsage(BaseModel):
+    items: int
+    tokens: int
+    encoded_items: int
+    cached_items: int
+    precomputed_items: int
+
+
+class EncodeResponse(BaseModel):
+    id: str
+    model: str
+    items: list[EncodedItem]
+    usage: EncodeUsage
