@@ -179,8 +179,10 @@ def _param(loc: Sequence[Any]) -> str | None:
 
 async def _service_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ServiceError)
-    if exc.status >= 500:
+    if exc.status == 500:
         logger.error("request %s failed: %s: %s", request_id_of(request), exc.code, exc.message)
+    elif exc.status > 500:
+        logger.warning("request %s refused: %s: %s", request_id_of(request), exc.code, exc.message)
     return error_response(exc, request_id_of(request))
 
 

@@ -103,8 +103,11 @@ class EncoderAdapter(abc.ABC):
         return EncoderOutput(rows=out.rows.float().cpu(), rows_per_item=out.rows_per_item)
 
     def warmup_image(self) -> Image.Image:
-        """A small image for the warm-up forward that readiness waits on."""
-        return Image.new("RGB", (64, 48), (127, 64, 200))
+        """A small image for the warm-up forward that readiness waits on.
+
+        56x56 is a multiple of 14 and 28, so its patch grid merges under any usual merge size.
+        """
+        return Image.new("RGB", (56, 56), (127, 64, 200))
 
     def processor_config(self) -> dict[str, Any]:
         """The processor's settings, as hashed into every content hash."""

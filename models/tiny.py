@@ -33,6 +33,7 @@ from transformers import (
     Qwen2VLConfig,
     Qwen2VLForConditionalGeneration,
     Qwen2VLImageProcessorPil,
+    Qwen2VLVisionConfig,
     SiglipConfig,
     SiglipImageProcessorPil,
     SiglipModel,
@@ -65,7 +66,9 @@ def fill_deterministic(model: torch.nn.Module) -> None:
     """Overwrite every parameter with values seeded by its name (stable across library versions)."""
     with torch.no_grad():
         for name, param in model.named_parameters():
-            seed = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
+            # transformers moved towers under "model." (4.52); the seed must not follow such moves.
+            canonical = name.removeprefix("model.")
+            seed = int.from_bytes(hashlib.blake2b(canonical.encode(), digest_size=8).digest(), "little")
             values = np.asarray(
                 np.random.default_rng(seed).standard_normal(tuple(param.shape), dtype=np.float32), dtype=np.float32
             )
@@ -95,7 +98,7 @@ def _qwen2_vl(layout: Layout, processor_merge_size: int) -> tuple[PreTrainedMode
         )
         model: PreTrainedModel = Qwen2VLForConditionalGeneration(config)
     else:
-        model = Qwen2VisionTransformerPretrainedModel(Qwen2VLConfig(vision_config=vision).vision_config)
+        model = Qwen2VisionTransformerPretrainedModel(Qwen2VLVisionConfig(**vision))
     # merge_size is the processor's own: a mismatched fixture sets it apart from the tower's merger.
     processor = Qwen2VLImageProcessorPil(
         size={"shortest_edge": 56 * 56, "longest_edge": 28 * 28 * 64},

@@ -1,0 +1,22 @@
+# mmencode on a CUDA host: PyPI's Linux torch wheel carries its own CUDA runtime; the host needs
+# only the NVIDIA driver and the container toolkit.
+FROM python:3.11-slim
+
+ENV PIP_NO_CACHE_DIR=1 \
+    PYTHONUNBUFFERED=1 \
+    HF_HUB_OFFLINE=1 \
+    MMENCODE_CACHE_DIR=/var/cache/mmencode
+
+WORKDIR /srv/mmencode
+# torch first, pinned, so the layer is reused when only the service changes.
+RUN pip install "torch==2.13.0"
+COPY pyproject.toml README.md ./
+COPY app ./app
+COPY models ./models
+COPY schemas ./schemas
+RUN pip install . && useradd --system --uid 10001 mmencode && mkdir -p /var/cache/mmencode \
+    && chown mmencode /var/cache/mmencode
+USER mmencode
+
+EXPOSE 8000
+CMD ["mmencode", "serve", "--host", "0.0.0.0", "--port", "8000"]

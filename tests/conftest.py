@@ -1,0 +1,47 @@
+"""Session fixtures: tiny checkpoints built once by the project's own builder, and live servers."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from models.tiny import build_tiny
+from tests.helpers import LiveServer, live_server
+
+# Nothing may reach a hub; the service must not need to.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("checkpoints")
+    return {
+        "qwen2_vl": build_tiny(root / "qwen2_vl", "qwen2_vl"),
+        "qwen2_vl-vision": build_tiny(root / "qwen2_vl-vision", "qwen2_vl", layout="vision"),
+        "siglip": build_tiny(root / "siglip", "siglip"),
+        "siglip-vision": build_tiny(root / "siglip-vision", "siglip", layout="vision"),
+        "clip": build_tiny(root / "clip", "clip"),
+        "clip-vision": build_tiny(root / "clip-vision", "clip", layout="vision"),
+        "internvl": build_tiny(root / "internvl", "internvl"),
+        # The processor merges 1x1 while the tower merges 2x2: every image drifts 4x.
+        "qwen2_vl-mismatched": build_tiny(root / "qwen2_vl-mismatched", "qwen2_vl", processor_merge_size=1),
+    }
+
+
+@pytest.fixture(scope="session")
+def qwen_server(checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    with live_server(
+        model=checkpoints["qwen2_vl"],
+        served_model_name="tiny-qwen2-vl",
+        cache_dir=tmp_path_factory.mktemp("cache"),
+    ) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def internvl_server(checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    with live_server(model=checkpoints["internvl"], cache_dir=tmp_path_factory.mktemp("cache")) as server:
+        yield server

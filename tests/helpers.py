@@ -1,0 +1,121 @@
+"""Test helpers: images, data URIs, a real uvicorn server on a loopback port, wire decoding."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import io
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import numpy as np
+import torch
+import uvicorn
+from PIL import Image
+
+from app.config import Settings
+from app.main import create_app
+
+
+def noise_image(width: int, height: int, seed: int = 0, mode: str = "RGB") -> Image.Image:
+    channels = {"RGB": 3, "RGBA": 4, "L": 1}[mode]
+    array = np.random.default_rng(seed).integers(0, 256, (height, width, channels), dtype=np.uint8)
+    return Image.fromarray(array.squeeze(-1) if channels == 1 else array, mode=mode)
+
+
+def image_bytes(image: Image.Image, fmt: str = "PNG") -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, fmt)
+    return buffer.getvalue()
+
+
+def data_uri(image: Image.Image, fmt: str = "PNG") -> str:
+    return f"data:image/{fmt.lower()};base64," + base64.b64encode(image_bytes(image, fmt)).decode()
+
+
+def rows_of(item: dict[str, Any]) -> torch.Tensor:
+    """The float32 rows of a response item, whatever its encoding."""
+    embedding = item["embedding"]
+    if embedding["encoding_format"] == "float":
+        return torch.tensor(embedding["data"], dtype=torch.float32)
+    raw = base64.b64decode(embedding["data"])
+    if embedding["dtype"] == "bfloat16":
+        tensor = torch.from_numpy(np.frombuffer(raw, dtype="<i2").copy()).view(torch.bfloat16).float()
+    else:
+        tensor = torch.from_numpy(np.frombuffer(raw, dtype="<f4" if embedding["dtype"] == "float32" else "<f2").copy())
+    return tensor.float().reshape(embedding["shape"])
+
+
+def precomputed(rows: torch.Tensor) -> dict[str, Any]:
+    data = base64.b64encode(rows.float().numpy().astype("<f4").tobytes()).decode()
+    return {"data": data, "dtype": "float32", "shape": list(rows.shape)}
+
+
+def assert_error(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    """The response is the one error shape with this status and code; returns its ``error`` object."""
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}, body
+    error = body["error"]
+    assert set(error) == {"message", "type", "code", "param", "details", "request_id"}, error
+    assert error["code"] == code, error
+    assert error["message"] and "Traceback" not in error["message"]
+    assert error["request_id"] == response.headers["x-request-id"]
+    return dict(error)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class LiveServer:
+    url: str
+    settings: Settings
+    server: uvicorn.Server
+
+    def client(self, **kwargs: Any) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=60, **kwargs)
+
+
+@contextlib.contextmanager
+def live_server(**settings: Any) -> Iterator[LiveServer]:
+    """The real app under uvicorn on a loopback port, in a thread; yields once /ready answers 200."""
+    port = free_port()
+    config_settings = Settings(host="127.0.0.1", port=port, **settings)
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(config_settings), host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    )
+    thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, timeout=120)
+        yield LiveServer(url, config_settings, server)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
+
+
+def wait_ready(url: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    last = "no answer"
+    while time.monotonic() < deadline:
+        try:
+            response = httpx.get(url + "/ready", timeout=5)
+            if response.status_code == 200:
+                return
+            last = response.text
+            if response.json()["error"]["details"]["phase"] == "failed":
+                break
+        except httpx.HTTPError as exc:
+            last = repr(exc)
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} not ready after {timeout}s: {last}")

@@ -1,0 +1,137 @@
+"""The worker batches across requests, isolates failures, bounds its queue and drops abandoned work."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import torch
+
+from app.worker import EncoderWorker, QueueFull, TokenDrift
+from models import EncoderAdapter, EncoderOutput, PreparedImage, load_encoder
+from tests.helpers import noise_image
+
+
+@pytest.fixture(scope="module")
+def adapter(checkpoints: dict[str, Path]) -> EncoderAdapter:
+    return load_encoder(checkpoints["qwen2_vl"], device=torch.device("cpu"), dtype=torch.float32)
+
+
+class RecordingAdapter:
+    """The real adapter, with each forward's batch size recorded and an optional gate to hold it."""
+
+    def __init__(self, inner: EncoderAdapter) -> None:
+        self.inner = inner
+        self.batches: list[int] = []
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    def forward(self, items: Sequence[PreparedImage]) -> EncoderOutput:
+        self.gate.wait(timeout=30)
+        self.batches.append(len(items))
+        return self.inner.forward(items)
+
+
+def _worker(adapter: object, **overrides: float) -> EncoderWorker:
+    options = {"max_batch_tokens": 10_000, "max_batch_items": 64, "batch_wait_s": 0.05, "max_queue": 64}
+    options.update(overrides)
+    return EncoderWorker(adapter, **options)  # type: ignore[arg-type]
+
+
+def _prepared(adapter: EncoderAdapter, count: int) -> list[PreparedImage]:
+    return [adapter.preprocess(noise_image(40 + 16 * i, 90 - 8 * i, seed=i)) for i in range(count)]
+
+
+async def test_concurrent_requests_share_a_forward_and_match_unbatched(adapter: EncoderAdapter) -> None:
+    recording = RecordingAdapter(adapter)
+    worker = _worker(recording)
+    worker.start()
+    items = _prepared(adapter, 6)
+    results = await asyncio.gather(*(worker.encode([item]) for item in items))
+    await worker.drain(5)
+    assert max(recording.batches) > 1, recording.batches
+    for item, (rows,) in zip(items, results, strict=True):
+        alone = adapter.forward([item]).rows
+        assert rows.shape[0] == item.num_tokens
+        torch.testing.assert_close(rows, alone, atol=1e-5, rtol=0)
+
+
+async def test_batch_budgets_are_respected(adapter: EncoderAdapter) -> None:
+    recording = RecordingAdapter(adapter)
+    worker = _worker(recording, max_batch_items=2)
+    worker.start()
+    await asyncio.gather(*(worker.encode([item]) for item in _prepared(adapter, 5)))
+    await worker.drain(5)
+    assert max(recording.batches) <= 2 and sum(recording.batches) == 5
+
+
+async def test_a_poisoned_request_fails_alone(adapter: EncoderAdapter) -> None:
+    recording = RecordingAdapter(adapter)
+    recording.gate.clear()  # hold the encoder so that every job lands in one batch
+    worker = _worker(recording)
+    worker.start()
+    good = _prepared(adapter, 4)
+    drifting = dataclasses.replace(good[0], num_tokens=good[0].num_tokens + 1)
+    broken = dataclasses.replace(
+        good[1], tensors={**good[1].tensors, "pixel_values": good[1].tensors["pixel_values"][:3]}
+    )
+    jobs = [
+        worker.encode([good[0]]),
+        worker.encode([drifting]),
+        worker.encode([good[2], good[3]]),
+        worker.encode([broken]),
+    ]
+    tasks = [asyncio.ensure_future(job) for job in jobs]
+    await asyncio.sleep(0.2)
+    recording.gate.set()
+    outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+    await worker.drain(5)
+
+    assert isinstance(outcomes[1], TokenDrift)
+    assert outcomes[1].expected == [drifting.num_tokens] and outcomes[1].produced == [good[0].num_tokens]
+    assert isinstance(outcomes[3], Exception) and not isinstance(outcomes[3], TokenDrift)
+    for item, rows in zip([good[0], good[2], good[3]], [outcomes[0][0], *outcomes[2]], strict=True):  # type: ignore[index]
+        torch.testing.assert_close(rows, adapter.forward([item]).rows, atol=1e-5, rtol=0)
+    assert recording.batches[0] == 5  # the first forward held all five items
+    assert worker.alive is False  # drained
+
+
+async def test_full_queue_refuses_at_once(adapter: EncoderAdapter) -> None:
+    recording = RecordingAdapter(adapter)
+    recording.gate.clear()
+    worker = _worker(recording, max_queue=1, batch_wait_s=0)
+    worker.start()
+    item = _prepared(adapter, 1)
+    running = asyncio.ensure_future(worker.encode(item))
+    await asyncio.sleep(0.1)  # taken by the worker, stuck in the gate
+    queued = asyncio.ensure_future(worker.encode(item))
+    await asyncio.sleep(0.05)
+    with pytest.raises(QueueFull):
+        await worker.encode(item)
+    recording.gate.set()
+    await asyncio.gather(running, queued)
+    await worker.drain(5)
+
+
+async def test_abandoned_requests_never_reach_the_encoder(adapter: EncoderAdapter) -> None:
+    recording = RecordingAdapter(adapter)
+    recording.gate.clear()
+    worker = _worker(recording, batch_wait_s=0)
+    worker.start()
+    items = _prepared(adapter, 3)
+    first = asyncio.ensure_future(worker.encode([items[0]]))
+    await asyncio.sleep(0.1)
+    abandoned = asyncio.ensure_future(worker.encode([items[1], items[2]]))
+    await asyncio.sleep(0.05)
+    abandoned.cancel()  # the request's deadline passed while it waited
+    recording.gate.set()
+    await first
+    await worker.drain(5)
+    assert recording.batches == [1]
