@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
+from app.metrics import Metrics
 from schemas.errors import ErrorType
 
 logger = logging.getLogger("mmencode.errors")
@@ -91,6 +92,10 @@ class PayloadTooLarge(InvalidRequest):
     code = "payload_too_large"
 
 
+class UnsupportedParameter(InvalidRequest):
+    code = "unsupported_parameter"
+
+
 class RouteNotFound(InvalidRequest):
     status = 404
     code = "not_found"
@@ -129,7 +134,13 @@ def request_id_of(request: Request) -> str | None:
     return getattr(request.state, "request_id", None)
 
 
-def error_response(error: ServiceError, request_id: str | None) -> Response:
+def _render(request: Request, error: ServiceError) -> Response:
+    return error_response(error, request_id_of(request), getattr(request.app.state, "metrics", None))
+
+
+def error_response(error: ServiceError, request_id: str | None, metrics: Metrics | None = None) -> Response:
+    if metrics is not None:
+        metrics.errors.labels(error.code).inc()
     body = {
         "error": {
             "message": error.message,
@@ -183,7 +194,7 @@ async def _service_error(request: Request, exc: Exception) -> Response:
         logger.error("request %s failed: %s: %s", request_id_of(request), exc.code, exc.message)
     elif exc.status > 500:
         logger.warning("request %s refused: %s: %s", request_id_of(request), exc.code, exc.message)
-    return error_response(exc, request_id_of(request))
+    return _render(request, exc)
 
 
 async def _request_validation(request: Request, exc: Exception) -> Response:
@@ -191,7 +202,7 @@ async def _request_validation(request: Request, exc: Exception) -> Response:
     problems = [
         {"loc": err.get("loc", ()), "msg": err.get("msg", ""), "type": err.get("type", "")} for err in exc.errors()
     ]
-    return error_response(validation_error(problems), request_id_of(request))
+    return _render(request, validation_error(problems))
 
 
 async def _http_exception(request: Request, exc: Exception) -> Response:
@@ -208,7 +219,7 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
     else:
         error = InternalError(str(exc.detail))
     error.headers.update(exc.headers or {})
-    return error_response(error, request_id_of(request))
+    return _render(request, error)
 
 
 def install_error_handlers(app: FastAPI) -> None:

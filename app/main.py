@@ -13,7 +13,7 @@ from app.config import Settings
 from app.errors import install_error_handlers
 from app.middleware import RequestContextMiddleware
 from app.openapi import install_openapi
-from app.routes import encode, health
+from app.routes import embeddings, encode, health
 from app.runtime import Runtime
 
 __all__ = ["create_app"]
@@ -42,9 +42,11 @@ def create_app(settings: Settings) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.runtime = runtime
-    app.add_middleware(RequestContextMiddleware)
+    app.state.metrics = runtime.metrics
+    app.add_middleware(RequestContextMiddleware, metrics=runtime.metrics)
     install_error_handlers(app)
     app.include_router(encode.router)
+    app.include_router(embeddings.router)
     app.include_router(health.router)
     install_openapi(app)
     return app

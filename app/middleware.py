@@ -16,6 +16,7 @@ from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.errors import InternalError, error_response
+from app.metrics import Metrics
 
 __all__ = ["RequestContextMiddleware"]
 
@@ -27,8 +28,9 @@ _SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 
 
 class RequestContextMiddleware:
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
+        self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -57,9 +59,15 @@ class RequestContextMiddleware:
             error_log.exception("unhandled error in request %s", request_id)
             if response_started:
                 raise
-            response = error_response(InternalError("internal error; see the server log"), request_id)
+            error = InternalError(f"internal error; see the server log for request {request_id}")
+            response = error_response(error, request_id, self.metrics)
             await response(scope, receive, send_with_id)
         finally:
+            elapsed = time.perf_counter() - started
+            # The route template, not the raw path: label values must stay few.
+            route = getattr(scope.get("route"), "path", "unmatched")
+            self.metrics.requests.labels(route, scope.get("method", "-"), str(status)).inc()
+            self.metrics.request_seconds.labels(route, str(status)).observe(elapsed)
             access_log.info(
                 "%s %s %s %d items=%s tokens=%s %.1fms",
                 request_id,
@@ -68,5 +76,5 @@ class RequestContextMiddleware:
                 status,
                 state.get("items", "-"),
                 state.get("tokens", "-"),
-                (time.perf_counter() - started) * 1000,
+                elapsed * 1000,
             )

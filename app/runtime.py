@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from app.cache import LRUEmbeddingCache
 from app.config import Settings
 from app.errors import ModelNotFound, NotReady
 from app.fetch import ImageFetcher
+from app.metrics import Metrics
 from app.scheduler import Limits, Scheduler
 from app.worker import EncoderWorker
 from models import EncoderAdapter, load_encoder
@@ -58,6 +60,7 @@ class Runtime:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.phase = Phase.STARTING
+        self.started_at = int(time.time())
         self.failure: str | None = None
         self.model_dir = settings.model or default_model_dir(settings)
         self.model_name = settings.served_model_name or self.model_dir.name
@@ -73,6 +76,12 @@ class Runtime:
             allowed_hosts=settings.allowed_url_hosts,
         )
         self.cache = LRUEmbeddingCache(settings.cache_bytes)
+        self.metrics = Metrics()
+        self.metrics.ready.set_function(lambda: 1.0 if self.ready else 0.0)
+        self.metrics.watch(
+            queue_depth=lambda: float(self.worker.queue_depth if self.worker is not None else 0),
+            cache_bytes=lambda: float(self.cache.nbytes),
+        )
 
     # ----- lifecycle -----
     async def start(self) -> None:
@@ -85,6 +94,7 @@ class Runtime:
                 max_batch_items=self.settings.max_batch_items,
                 batch_wait_s=self.settings.batch_wait_ms / 1000,
                 max_queue=self.settings.max_queue,
+                metrics=self.metrics,
             )
             await asyncio.to_thread(worker.warmup)
             worker.start()
@@ -101,7 +111,7 @@ class Runtime:
             request_timeout=self.settings.request_timeout,
         )
         self.adapter, self.worker = adapter, worker
-        self._scheduler = Scheduler(adapter, worker, self.cache, self.fetcher, self._pool, limits)
+        self._scheduler = Scheduler(adapter, worker, self.cache, self.fetcher, self._pool, limits, self.metrics)
         self.phase = Phase.READY
         logger.info("ready: serving %s (%s) on %s", self.model_name, adapter.family, adapter.device)
 

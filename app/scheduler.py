@@ -33,6 +33,7 @@ from app.errors import (
 )
 from app.fetch import ImageFetcher
 from app.images import decode_base64_image, decode_image, is_url
+from app.metrics import Metrics
 from app.precomputed import decode_precomputed
 from app.worker import EncoderWorker, QueueFull, TokenDrift, WorkerStopped
 from models import EncoderAdapter, MetadataError, PreparedImage
@@ -93,6 +94,7 @@ class Scheduler:
         fetcher: ImageFetcher,
         pool: Executor,
         limits: Limits,
+        metrics: Metrics,
     ) -> None:
         self.adapter = adapter
         self.worker = worker
@@ -100,6 +102,7 @@ class Scheduler:
         self.fetcher = fetcher
         self.pool = pool
         self.limits = limits
+        self.metrics = metrics
 
     async def encode(self, items: Sequence[ItemInput], mode: PrecomputedMode = "strict") -> list[ItemResult]:
         """Results in request order. Past the deadline: ``timeout``, and queued work is dropped."""
@@ -134,7 +137,10 @@ class Scheduler:
             results[index] = self._precomputed_result(index, items[index], expected_rows[index])
         for result in await self._resolve_raw(items, missing):
             results[result.index] = result
-        return [results[i] for i in range(len(items))]
+        ordered = [results[i] for i in range(len(items))]
+        for result in ordered:
+            self.metrics.items.labels(result.source).inc()
+        return ordered
 
     # ----- precomputed items -----
     def _check_metadata(self, items: Sequence[ItemInput], indices: Sequence[int]) -> dict[int, int]:
@@ -196,6 +202,7 @@ class Scheduler:
             key = items[index].hash if data is None else content_hash(self.adapter.fingerprint, data)
             assert key is not None
             hit = self.cache.get(key)
+            self.metrics.cache_lookups.labels("hit" if hit is not None else "miss").inc()
             if hit is not None:
                 results.append(ItemResult(index, "cache", key, dict(hit.metadata), hit.rows))
             elif data is None:

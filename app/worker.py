@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from models import EncoderAdapter, PreparedImage
+from app.metrics import Metrics
+from models import EncoderAdapter, EncoderOutput, PreparedImage
 
 __all__ = ["EncoderWorker", "QueueFull", "TokenDrift", "WorkerStopped"]
 
@@ -70,8 +71,10 @@ class EncoderWorker:
         max_batch_items: int,
         batch_wait_s: float,
         max_queue: int,
+        metrics: Metrics | None = None,
     ) -> None:
         self.adapter = adapter
+        self.metrics = metrics or Metrics()
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_items = max_batch_items
         self.batch_wait_s = batch_wait_s
@@ -177,7 +180,7 @@ class EncoderWorker:
     def _encode_jobs(self, jobs: Sequence[_Job]) -> list[_Outcome]:
         items = [item for job in jobs for item in job.items]
         try:
-            output = self.adapter.forward(items)
+            output = self._forward(items)
         except Exception as exc:
             if len(jobs) > 1:
                 logger.warning("batch of %d requests failed (%r); re-running them apart", len(jobs), exc)
@@ -210,9 +213,17 @@ class EncoderWorker:
             start = end
         return outcomes
 
+    def _forward(self, items: Sequence[PreparedImage]) -> EncoderOutput:
+        started = time.perf_counter()
+        output = self.adapter.forward(items)
+        self.metrics.encoder_seconds.observe(time.perf_counter() - started)
+        self.metrics.batch_items.observe(len(items))
+        self.metrics.batch_tokens.observe(int(output.rows.shape[0]))
+        return output
+
     def _rows_item_by_item(self, items: Sequence[PreparedImage]) -> list[int] | None:
         """Observed rows per item of a drifting packed job: run each alone (error path only)."""
         try:
-            return [int(self.adapter.forward([item]).rows.shape[0]) for item in items]
+            return [int(self._forward([item]).rows.shape[0]) for item in items]
         except Exception:
             return None

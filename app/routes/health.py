@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.responses import Response
 
 from app.deps import RuntimeDep
 from app.errors import NotReady
@@ -27,3 +29,13 @@ async def ready(runtime: RuntimeDep) -> dict[str, Any]:
     if not runtime.ready:
         raise NotReady(runtime.not_ready_reason(), details={"phase": runtime.phase.value})
     return {"status": "ready", "model": runtime.model_name, "phase": runtime.phase.value}
+
+
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics (text exposition format)",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text format"}},
+)
+async def metrics(runtime: RuntimeDep) -> Response:
+    return Response(runtime.metrics.render(), media_type=CONTENT_TYPE_LATEST)

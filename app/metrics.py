@@ -1,0 +1,58 @@
+"""Every Prometheus metric of the service, defined here and only here.
+
+Each app owns a registry (no process-global state), so several apps can live in one process (tests)
+and ``/metrics`` shows exactly one service's numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+__all__ = ["Metrics"]
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_BATCH_ITEMS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+_BATCH_TOKENS_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "mmencode_requests", "HTTP requests answered, by route template, method and status.",
+            ["route", "method", "status"], registry=r,
+        )  # fmt: skip
+        self.request_seconds = Histogram(
+            "mmencode_request_duration_seconds", "Time from request to response, by route and status.",
+            ["route", "status"], buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.errors = Counter("mmencode_errors", "Error responses by error code.", ["code"], registry=r)
+        self.items = Counter(
+            "mmencode_items", "Items answered, by where their embedding came from.", ["source"], registry=r
+        )
+        self.queue_depth = Gauge("mmencode_queue_depth", "Requests waiting for the encoder.", registry=r)
+        self.batch_items = Histogram(
+            "mmencode_batch_items", "Images per encoder forward.", buckets=_BATCH_ITEMS_BUCKETS, registry=r
+        )
+        self.batch_tokens = Histogram(
+            "mmencode_batch_tokens", "Embedding rows per encoder forward.", buckets=_BATCH_TOKENS_BUCKETS, registry=r
+        )
+        self.encoder_seconds = Histogram(
+            "mmencode_encoder_seconds", "Wall time of one encoder forward.", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.cache_lookups = Counter(
+            "mmencode_cache_lookups", "Embedding cache lookups by result (hit or miss).", ["result"], registry=r
+        )
+        self.cache_bytes = Gauge("mmencode_cache_bytes", "Bytes of embeddings held by the cache.", registry=r)
+        self.ready = Gauge("mmencode_ready", "1 when the model is loaded, warm and the worker alive.", registry=r)
+
+    def watch(self, *, queue_depth: Callable[[], float], cache_bytes: Callable[[], float]) -> None:
+        """Gauges read at scrape time from their owners."""
+        self.queue_depth.set_function(queue_depth)
+        self.cache_bytes.set_function(cache_bytes)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,59 @@
+"""OpenAI-compatible routes: ``/v1/embeddings`` (one pooled vector per image) and ``/v1/models``."""
+
+from __future__ import annotations
+
+import base64
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from app.deps import RuntimeDep
+from app.errors import UnsupportedParameter
+from app.openapi import ERROR_RESPONSES
+from app.responses import JSONBytesResponse, l2_normalised_mean
+from app.scheduler import ItemInput
+from schemas.embeddings import EmbeddingsRequest, EmbeddingsResponse, ModelCard, ModelList
+
+router = APIRouter(tags=["openai"])
+
+
+@router.post(
+    "/v1/embeddings",
+    response_model=EmbeddingsResponse,
+    responses=ERROR_RESPONSES,
+    summary="One L2-normalised mean-pooled vector per image (OpenAI's shape)",
+)
+async def embeddings(body: EmbeddingsRequest, request: Request, runtime: RuntimeDep) -> Response:
+    runtime.check_model(body.model)
+    scheduler = runtime.scheduler
+    width = scheduler.adapter.hidden_size
+    if body.dimensions is not None and body.dimensions != width:
+        raise UnsupportedParameter(
+            f"dimensions={body.dimensions} is not supported: {runtime.model_name} returns {width}-dimensional vectors",
+            param="dimensions",
+            details={"requested": body.dimensions, "supported": [width]},
+        )
+    inputs = [body.input] if isinstance(body.input, str) else body.input
+    results = await scheduler.encode([ItemInput(image=image) for image in inputs])
+    tokens = sum(result.num_tokens for result in results)
+    request.state.items, request.state.tokens = len(results), tokens
+    data = []
+    for result in results:
+        vector = l2_normalised_mean(result.rows)
+        encoded = (
+            base64.b64encode(vector.astype("<f4").tobytes()).decode() if body.encoding_format == "base64" else vector
+        )
+        data.append({"object": "embedding", "index": result.index, "embedding": encoded})
+    return JSONBytesResponse(
+        {
+            "object": "list",
+            "data": data,
+            "model": runtime.model_name,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+    )
+
+
+@router.get("/v1/models", response_model=ModelList, summary="The served model (OpenAI's list shape)")
+async def models(runtime: RuntimeDep) -> ModelList:
+    return ModelList(data=[ModelCard(id=runtime.model_name, created=runtime.started_at)])

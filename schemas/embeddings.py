@@ -1,0 +1,53 @@
+"""OpenAI-compatible ``POST /v1/embeddings`` and ``GET /v1/models``: OpenAI's own shapes."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ImageInput = Annotated[str, Field(min_length=1, description="An image URL or data URI.")]
+
+
+class EmbeddingsRequest(BaseModel):
+    # OpenAI clients may send fields this service has no use for (``user``...): they are ignored.
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    input: ImageInput | Annotated[list[ImageInput], Field(min_length=1)]
+    encoding_format: Literal["float", "base64"] = Field(
+        default="float", description="`base64`: little-endian float32 bytes. The openai client asks for it."
+    )
+    dimensions: int | None = Field(default=None, description="Only the model's own width is supported.")
+    modality: Literal["image"] | None = Field(default=None, description="Accepted as Infinity clients send it.")
+    user: str | None = None
+
+
+class EmbeddingData(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str
+
+
+class EmbeddingsUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingsResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[EmbeddingData]
+    model: str
+    usage: EmbeddingsUsage
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "mmencode"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
