@@ -7,6 +7,7 @@ import logging
 import sys
 import typing
 from collections.abc import Sequence
+from types import FrameType
 from typing import Any
 
 from pydantic import ValidationError
@@ -96,14 +97,24 @@ def serve(settings: Settings) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
-    uvicorn.run(
-        create_app(settings),
+    app = create_app(settings)
+    runtime = app.state.runtime
+
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            # Readiness turns 503 at the signal, before uvicorn waits for in-flight requests.
+            runtime.begin_drain()
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(
+        app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
         access_log=False,  # mmencode.access logs one line per request, with its id
         timeout_graceful_shutdown=30,
     )
+    DrainingServer(config).run()
     return 0
 
 

@@ -208,7 +208,10 @@ async def _request_validation(request: Request, exc: Exception) -> Response:
 async def _http_exception(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
     error: ServiceError
-    if exc.status_code == 404:
+    if isinstance(exc.__cause__, ServiceError):
+        # FastAPI wraps errors raised while it reads a body (e.g. the body limit) in a plain 400.
+        error = exc.__cause__
+    elif exc.status_code == 404:
         error = RouteNotFound(f"no route {request.method} {request.url.path}")
     elif exc.status_code == 405:
         error = MethodNotAllowed(f"{request.method} is not allowed on {request.url.path}")

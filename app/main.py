@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 
 from app import __version__
+from app.body_limit import BodyLimitMiddleware
 from app.config import Settings
 from app.errors import install_error_handlers
 from app.middleware import RequestContextMiddleware
@@ -43,6 +44,8 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.state.runtime = runtime
     app.state.metrics = runtime.metrics
+    # Outermost last: the request context wraps everything, the body limit sits inside it.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, metrics=runtime.metrics)
     app.add_middleware(RequestContextMiddleware, metrics=runtime.metrics)
     install_error_handlers(app)
     app.include_router(encode.router)

@@ -122,8 +122,13 @@ class Runtime:
         device = resolve_device(self.settings.device)
         return load_encoder(self.model_dir, device=device, dtype=resolve_dtype(self.settings.dtype, device))
 
+    def begin_drain(self) -> None:
+        """Stop taking new work: readiness turns 503 while what was accepted finishes."""
+        if self.phase is not Phase.FAILED:
+            self.phase = Phase.DRAINING
+
     async def stop(self, grace_s: float = 30.0) -> None:
-        self.phase = Phase.DRAINING
+        self.begin_drain()
         if self.worker is not None:
             await self.worker.drain(grace_s)
         await self.fetcher.aclose()

@@ -82,6 +82,7 @@ class EncoderWorker:
         self._carry: _Job | None = None  # taken from the queue but over the budget of the last batch
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mmencode-encoder")
         self._task: asyncio.Task[None] | None = None
+        self._pending = 0
 
     # ----- lifecycle -----
     def warmup(self) -> None:
@@ -97,7 +98,13 @@ class EncoderWorker:
 
     @property
     def queue_depth(self) -> int:
+        """Requests waiting for a forward."""
         return self._queue.qsize() + (self._carry is not None)
+
+    @property
+    def pending(self) -> int:
+        """Requests accepted and not yet answered: waiting or in the running forward."""
+        return self._pending
 
     async def drain(self, grace_s: float) -> None:
         """Let queued and running work finish (for at most ``grace_s``), then stop."""
@@ -123,6 +130,7 @@ class EncoderWorker:
             self._queue.put_nowait(job)
         except asyncio.QueueFull:
             raise QueueFull from None
+        self._pending += 1
         return await job.future
 
     # ----- the loop -----
@@ -138,7 +146,7 @@ class EncoderWorker:
                 logger.exception("encoder batch failed outside the model")
                 outcomes = [exc] * len(batch)
             for job, outcome in zip(batch, outcomes, strict=True):
-                self._queue.task_done()
+                self._done()
                 if job.future.done():  # the request gave up (deadline or client gone)
                     continue
                 if isinstance(outcome, BaseException):
@@ -173,8 +181,12 @@ class EncoderWorker:
         # Requests that gave up while queued are dropped before any encoder work.
         live = [job for job in batch if not job.future.done()]
         for _ in range(len(batch) - len(live)):
-            self._queue.task_done()
+            self._done()
         return live
+
+    def _done(self) -> None:
+        self._pending -= 1
+        self._queue.task_done()
 
     # ----- in the encoder thread -----
     def _encode_jobs(self, jobs: Sequence[_Job]) -> list[_Outcome]:
