@@ -1,0 +1,1 @@
+"""Benchmarks and soak tests: scripts, never imported by the app."""

@@ -1,0 +1,123 @@
+"""Service throughput and latency against the bare pipeline, measured in one run.
+
+    python -m bench.bench --checkpoint mid --concurrency 32 --requests 160
+
+Phases (``--phases``): ``bare`` decodes, preprocesses and encodes in this process at each batch size
+and keeps the best; ``service`` drives ``mmencode serve`` (a subprocess on loopback, cache off) with
+an async httpx load generator; ``nobatch`` does the same with ``--max-batch-items 1``; ``cache``
+compares a miss with a hit of the same image. Bounded by the request count; loopback only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+
+from app.images import decode_image
+from app.runtime import resolve_device
+from bench.checkpoints import build_checkpoint
+from bench.common import bucket_distribution, data_uri, drive, histogram, jpeg_images, percentile, service
+from models import load_encoder
+
+
+def bare_pipeline(checkpoint: Path, jpegs: list[bytes], batch_sizes: list[int], dtype: torch.dtype) -> dict[str, Any]:
+    adapter = load_encoder(checkpoint, device=resolve_device(None), dtype=dtype)
+    adapter.forward([adapter.preprocess(decode_image(jpegs[0], max_pixels=10**9))])  # warm-up
+    per_batch: dict[int, float] = {}
+    for size in batch_sizes:
+        count = max(size, len(jpegs) // size * size)
+        started = time.perf_counter()
+        for start in range(0, count, size):
+            chunk = [jpegs[i % len(jpegs)] for i in range(start, start + size)]
+            adapter.forward([adapter.preprocess(decode_image(j, max_pixels=10**9)) for j in chunk])
+        per_batch[size] = count / (time.perf_counter() - started)
+    best = max(per_batch, key=lambda size: per_batch[size])
+    return {
+        "images_per_s_by_batch": {k: round(v, 2) for k, v in per_batch.items()},
+        "best_batch": best,
+        "images_per_s": round(per_batch[best], 2),
+    }
+
+
+def service_load(checkpoint: Path, jpegs: list[bytes], concurrency: int, *args: str) -> dict[str, Any]:
+    bodies = [{"items": [{"image": data_uri(jpeg)}]} for jpeg in jpegs]
+    options = ("--cache-bytes", "0", "--max-queue", "100000", "--request-timeout", "600", "--log-level", "warning")
+    with service(checkpoint, *options, *args) as url:
+        asyncio.run(drive(url, "/v1/encode", bodies[: min(8, len(bodies))], min(4, concurrency)))  # warm-up
+        before = httpx.get(url + "/metrics").text
+        result = asyncio.run(drive(url, "/v1/encode", bodies, concurrency))
+        after = httpx.get(url + "/metrics").text
+    summary = result.summary()
+    summary["batch_items"] = bucket_distribution(
+        histogram(before, "mmencode_batch_items"), histogram(after, "mmencode_batch_items")
+    )
+    return summary
+
+
+def cache_latency(checkpoint: Path, jpegs: list[bytes], count: int) -> dict[str, Any]:
+    misses, hits = [], []
+    with service(checkpoint, "--log-level", "warning") as url, httpx.Client(base_url=url, timeout=600) as client:
+        client.post("/v1/encode", json={"items": [{"image": data_uri(jpegs[-1])}]})  # warm-up
+        for jpeg in jpegs[:count]:
+            body = {"items": [{"image": data_uri(jpeg)}]}
+            for bucket, source in ((misses, "encoder"), (hits, "cache")):
+                started = time.perf_counter()
+                response = client.post("/v1/encode", json=body)
+                bucket.append(time.perf_counter() - started)
+                assert response.json()["items"][0]["source"] == source, response.text
+    miss, hit = percentile(misses, 50), percentile(hits, 50)
+    return {"miss_p50_ms": round(miss * 1000, 2), "hit_p50_ms": round(hit * 1000, 2), "speedup": round(miss / hit, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", default="mid", help="tiny, mid, or a checkpoint directory")
+    parser.add_argument("--root", type=Path, default=Path(".cache/bench"), help="where bench checkpoints are built")
+    parser.add_argument("--requests", type=int, default=160, help="requests per service phase (one image each)")
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--image-size", default="320x240", help="WxH of the generated JPEGs")
+    parser.add_argument("--batch-sizes", default="1,2,4,8,16,32")
+    parser.add_argument("--phases", default="bare,service,nobatch,cache")
+    parser.add_argument("--out", type=Path, help="also write the results as JSON here")
+    args = parser.parse_args()
+
+    checkpoint = build_checkpoint(args.checkpoint, args.root) if "/" not in args.checkpoint else Path(args.checkpoint)
+    width, height = (int(v) for v in args.image_size.split("x"))
+    jpegs = jpeg_images(args.requests, width, height)
+    phases = set(args.phases.split(","))
+    results: dict[str, Any] = {
+        "checkpoint": str(checkpoint),
+        "requests": args.requests,
+        "concurrency": args.concurrency,
+        "image_size": args.image_size,
+        "torch_threads": torch.get_num_threads(),
+    }
+    if "bare" in phases:
+        sizes = [int(v) for v in args.batch_sizes.split(",")]
+        results["bare"] = bare_pipeline(checkpoint, jpegs[: max(sizes) * 2], sizes, torch.float32)
+        print("bare", json.dumps(results["bare"]), flush=True)
+    if "service" in phases:
+        results["service"] = service_load(checkpoint, jpegs, args.concurrency)
+        print("service", json.dumps(results["service"]), flush=True)
+    if "nobatch" in phases:
+        results["service_no_batching"] = service_load(checkpoint, jpegs, args.concurrency, "--max-batch-items", "1")
+        print("nobatch", json.dumps(results["service_no_batching"]), flush=True)
+    if "cache" in phases:
+        results["cache"] = cache_latency(checkpoint, jpegs, min(20, len(jpegs)))
+        print("cache", json.dumps(results["cache"]), flush=True)
+    if "bare" in results and "service" in results:
+        results["service_over_bare"] = round(results["service"]["images_per_s"] / results["bare"]["images_per_s"], 3)
+        print("service/bare", results["service_over_bare"])
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

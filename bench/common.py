@@ -1,0 +1,162 @@
+"""Shared pieces of the bench scripts: images, a service subprocess, a bounded async load generator."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import io
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from PIL import Image
+
+
+def jpeg_images(count: int, width: int, height: int, seed: int = 0) -> list[bytes]:
+    """Distinct JPEGs with some structure (gradients plus noise), like photos compress."""
+    rng = np.random.default_rng(seed)
+    out = []
+    y, x = np.mgrid[0:height, 0:width]
+    for _ in range(count):
+        base = (np.sin(x / rng.uniform(5, 40)) + np.cos(y / rng.uniform(5, 40))) * 60 + 128
+        pixels = np.stack([base + rng.normal(0, 20, base.shape) for _ in range(3)], axis=-1)
+        buffer = io.BytesIO()
+        Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(buffer, "JPEG", quality=90)
+        out.append(buffer.getvalue())
+    return out
+
+
+def data_uri(jpeg: bytes) -> str:
+    return "data:image/jpeg;base64," + base64.b64encode(jpeg).decode()
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def service(model: Path, *args: str, port: int | None = None) -> Iterator[str]:
+    """``mmencode serve`` in a subprocess on loopback; yields its base URL once /ready is 200."""
+    port = port or free_port()
+    command = [sys.executable, "-m", "app.cli", "serve", "--model", str(model), "--port", str(port), *args]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    # The log goes to a file: an unread pipe fills up and blocks the server on its next log line.
+    log = tempfile.NamedTemporaryFile(prefix=f"mmencode-{port}-", suffix=".log", delete=False)  # noqa: SIM115
+    process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, process, log_path=Path(log.name))
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        log.close()
+
+
+def wait_ready(
+    url: str, process: subprocess.Popen[bytes] | None = None, timeout: float = 180, log_path: Path | None = None
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            tail = log_path.read_text()[-4000:] if log_path else ""
+            raise RuntimeError(f"server exited with {process.returncode}: {tail}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url + "/ready", timeout=2).status_code == 200:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} not ready after {timeout}s")
+
+
+@dataclass
+class LoadResult:
+    images: int
+    seconds: float
+    latencies: list[float]
+    statuses: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def images_per_s(self) -> float:
+        return self.images / self.seconds
+
+    def summary(self) -> dict[str, Any]:
+        ok = self.latencies or [float("nan")]
+        return {
+            "images_per_s": round(self.images_per_s, 2),
+            "p50_ms": round(percentile(ok, 50) * 1000, 1),
+            "p95_ms": round(percentile(ok, 95) * 1000, 1),
+            "p99_ms": round(percentile(ok, 99) * 1000, 1),
+            "mean_ms": round(statistics.fmean(ok) * 1000, 1),
+            "statuses": self.statuses,
+        }
+
+
+async def drive(
+    url: str, path: str, bodies: Sequence[dict[str, Any]], concurrency: int, images_per_body: int = 1
+) -> LoadResult:
+    """POST every body once, ``concurrency`` at a time; latency per request, throughput over the run."""
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    for body in bodies:
+        queue.put_nowait(body)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+
+        async def user() -> None:
+            while not queue.empty():
+                body = queue.get_nowait()
+                started = time.perf_counter()
+                response = await client.post(path, json=body)
+                elapsed = time.perf_counter() - started
+                statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
+                if response.status_code == 200:
+                    latencies.append(elapsed)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(user() for _ in range(concurrency)))
+        seconds = time.perf_counter() - started
+    return LoadResult(len(latencies) * images_per_body, seconds, latencies, statuses)
+
+
+def histogram(metrics_text: str, name: str) -> dict[str, float]:
+    """Cumulative bucket counts of a Prometheus histogram, by upper bound."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name == name:
+            return {s.labels["le"]: s.value for s in family.samples if s.name.endswith("_bucket")}
+    return {}
+
+
+def bucket_distribution(before: dict[str, float], after: dict[str, float]) -> dict[str, int]:
+    """Per-bucket counts (not cumulative) of what happened between two scrapes."""
+    out: dict[str, int] = {}
+    previous = 0.0
+    for bound in sorted(after, key=lambda b: float("inf") if b == "+Inf" else float(b)):
+        cumulative = after[bound] - before.get(bound, 0.0)
+        if cumulative - previous:
+            out[f"<={bound}"] = int(cumulative - previous)
+        previous = cumulative
+    return out
