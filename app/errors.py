@@ -11,13 +11,13 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from app.metrics import Metrics
+from app.responses import dumps_json
 from schemas.errors import ErrorType
 
 logger = logging.getLogger("mmencode.errors")
@@ -152,7 +152,7 @@ def error_response(error: ServiceError, request_id: str | None, metrics: Metrics
         }
     }
     return Response(
-        content=orjson.dumps(body),
+        content=dumps_json(body),
         status_code=error.status,
         media_type="application/json",
         headers=error.headers,
@@ -211,6 +211,11 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
     if isinstance(exc.__cause__, ServiceError):
         # FastAPI wraps errors raised while it reads a body (e.g. the body limit) in a plain 400.
         error = exc.__cause__
+    elif exc.status_code == 400 and exc.__cause__ is not None:
+        # ... and a body it cannot parse (not UTF-8, nested too deep): the schema's problem, 422.
+        reason = str(exc.__cause__)[:200]
+        problem = {"loc": ["body"], "msg": f"cannot parse the body: {reason}", "type": "json_invalid"}
+        error = validation_error([problem])
     elif exc.status_code == 404:
         error = RouteNotFound(f"no route {request.method} {request.url.path}")
     elif exc.status_code == 405:

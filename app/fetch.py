@@ -2,18 +2,23 @@
 
 Every hop, redirects included, is checked: scheme http(s) only; the host is resolved once and every
 address it resolves to must be public (not loopback, private, link-local, multicast, reserved or
-unspecified, IPv4-mapped IPv6 included) unless the host is allow-listed or private URLs are allowed.
-The connection then goes to the address that was checked (the original host travels in ``Host`` and
-TLS SNI), so a second DNS answer cannot swap in an internal address. Bodies are streamed and cut at
-the byte limit; the whole fetch has one deadline.
+unspecified, IPv4-mapped and 6to4 IPv6 included) unless the host is allow-listed or private URLs are
+allowed. The connection then goes to an address that was checked (the original host travels in
+``Host`` and TLS SNI), so a second DNS answer cannot swap in an internal address. HTTPS connections are
+not kept alive: the pool is keyed by address, and a connection verified for one name must not carry a
+request for another. No cookies are kept between fetches. Bodies are streamed and cut at the byte
+limit (after decompression, if the server compresses anyway); the whole fetch has one deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
+import re
 import socket
+import zlib
 from collections.abc import Sequence
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 
 import httpx
 
@@ -22,12 +27,28 @@ from app.errors import ImageFetchFailed, PayloadTooLarge, UrlNotAllowed
 __all__ = ["ImageFetcher", "is_public_address"]
 
 _REDIRECTS = {301, 302, 303, 307, 308}
+# A DNS name as httpx encodes it (IDNA, lowercase); anything else is never handed to the resolver.
+_LABEL = r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?"
+_HOSTNAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*\.?", re.IGNORECASE)
+# Answers that are certainly not an image: an HTML error or login page served with 200, an API's JSON.
+_NOT_IMAGE_TYPES = ("text", "multipart", "audio", "video", "font")
+_NOT_IMAGE_SUBTYPES = frozenset({"json", "xml", "html", "xhtml+xml", "javascript", "ecmascript", "x-javascript"})
 
 
 def is_public_address(address: str) -> bool:
-    ip = ipaddress.ip_address(address)
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    """Whether an IP address (as ``getaddrinfo`` gives it) is on the public internet."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False  # fail closed
+    if isinstance(ip, ipaddress.IPv6Address):
+        embedded = ip.ipv4_mapped or ip.sixtofour  # ::ffff:a.b.c.d and 2002:AABB:CCDD::/48 reach a.b.c.d
+        if embedded is not None and not is_public_address(str(embedded)):
+            return False
+        if ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv6Address) and ip.is_site_local:  # fec0::/10, deprecated but routable
+        return False
     return not (
         ip.is_loopback
         or ip.is_private
@@ -35,8 +56,22 @@ def is_public_address(address: str) -> bool:
         or ip.is_multicast
         or ip.is_reserved
         or ip.is_unspecified
-        or not ip.is_global
+        or not ip.is_global  # e.g. 100.64.0.0/10, shared address space (carrier-grade NAT)
     )
+
+
+def _is_ip_literal(host: str) -> bool:
+    if "%" in host:  # a zone (fe80::1%eth0) names an interface of this machine
+        return False
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _normalize_host(host: str) -> str:
+    return host.strip().lower().removeprefix("[").removesuffix("]").rstrip(".")
 
 
 class ImageFetcher:
@@ -54,13 +89,16 @@ class ImageFetcher:
         self.max_redirects = max_redirects
         self.max_bytes = max_bytes
         self.allow_private = allow_private
-        self.allowed_hosts = {host.lower() for host in allowed_hosts}
+        self.allowed_hosts = {_normalize_host(host) for host in allowed_hosts}
         self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0)),
             follow_redirects=False,  # each hop is re-checked below
             transport=transport,
             trust_env=False,  # an HTTP(S)_PROXY in the environment must not route around the checks
-            headers={"User-Agent": "mmencode"},
+            # One user's fetch must not receive cookies another site set for another user's fetch.
+            cookies=CookieJar(policy=DefaultCookiePolicy(allowed_domains=[])),
+            # Bodies are counted as they arrive; a compressed body is decoded here, within the limit.
+            headers={"User-Agent": "mmencode", "Accept-Encoding": "identity", "Accept": "image/*, */*;q=0.5"},
         )
 
     async def aclose(self) -> None:
@@ -71,43 +109,64 @@ class ImageFetcher:
             async with asyncio.timeout(self.timeout):
                 return await self._fetch(url)
         except TimeoutError:
-            raise ImageFetchFailed(f"fetching {url} took longer than {self.timeout}s", details={"url": url}) from None
+            raise ImageFetchFailed(
+                f"fetching {url} took longer than the timeout of {self.timeout}s",
+                details={"url": url, "reason": "timeout", "timeout": self.timeout},
+            ) from None
 
     async def _fetch(self, url: str) -> bytes:
         current = url
         for _ in range(self.max_redirects + 1):
             target = self._parse(current)
-            address = await self._checked_address(target)
-            request = self._client.build_request(
-                "GET",
-                target.copy_with(host=address),
-                headers={"Host": target.netloc.decode("ascii")},
-                extensions={"sni_hostname": target.host} if target.scheme == "https" else None,
-            )
-            try:
-                response = await self._client.send(request, stream=True)
-            except httpx.HTTPError as exc:
-                raise ImageFetchFailed(f"fetching {current} failed: {exc!r}", details={"url": current}) from None
+            addresses = await self._checked_addresses(target)
+            response = await self._send(target, addresses, current)
             try:
                 if response.status_code in _REDIRECTS and "location" in response.headers:
-                    current = str(target.join(response.headers["location"]))
+                    current = self._redirect_target(target, response.headers["location"], current)
                     continue
                 if not response.is_success:
                     raise ImageFetchFailed(
                         f"{current} answered HTTP {response.status_code}",
-                        details={"url": current, "status": response.status_code},
+                        details={"url": current, "reason": "http_status", "status": response.status_code},
                     )
-                content_type = response.headers.get("content-type", "").split(";")[0].strip().lower()
-                if content_type.startswith(("text/", "application/json")):
-                    raise ImageFetchFailed(
-                        f"{current} returned {content_type!r}, not an image",
-                        details={"url": current, "content_type": content_type},
-                    )
+                self._check_content_type(response, current)
                 return await self._read_capped(response, current)
+            except httpx.HTTPError as exc:
+                raise ImageFetchFailed(
+                    f"reading {current} failed: {_describe(exc)}",
+                    details={"url": current, "reason": type(exc).__name__},
+                ) from None
             finally:
                 await response.aclose()
         raise ImageFetchFailed(
-            f"{url} redirected more than {self.max_redirects} times", details={"url": url, "max": self.max_redirects}
+            f"{url} redirected more than {self.max_redirects} times (too many redirects)",
+            details={"url": url, "reason": "too_many_redirects", "max_redirects": self.max_redirects},
+        )
+
+    async def _send(self, target: httpx.URL, addresses: Sequence[str], url: str) -> httpx.Response:
+        """Send the GET to the checked addresses in turn until one connects."""
+        host = target.raw_host.decode("ascii")
+        headers = {"Host": target.netloc.decode("ascii")}  # netloc: the port only where it is not the default
+        extensions = None
+        if target.scheme == "https":
+            headers["Connection"] = "close"
+            extensions = {"sni_hostname": host}
+        failure: Exception | None = None
+        for address in addresses:
+            try:
+                request = self._client.build_request(
+                    "GET", target.copy_with(host=address), headers=headers, extensions=extensions
+                )
+                return await self._client.send(request, stream=True)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                failure = exc  # on to the next address, if any
+            except (httpx.HTTPError, httpx.InvalidURL) as exc:
+                failure = exc
+                break
+        assert failure is not None
+        raise ImageFetchFailed(
+            f"fetching {url} failed: {_describe(failure)}",
+            details={"url": url, "reason": type(failure).__name__},
         )
 
     def _parse(self, url: str) -> httpx.URL:
@@ -116,46 +175,117 @@ class ImageFetcher:
         except (httpx.InvalidURL, TypeError, ValueError) as exc:
             raise UrlNotAllowed(f"not a valid URL: {exc}", details={"url": url}) from None
         if target.scheme not in ("http", "https"):
-            raise UrlNotAllowed(f"scheme {target.scheme!r} is not allowed; use http or https", details={"url": url})
+            raise UrlNotAllowed(
+                f"scheme {target.scheme!r} is not allowed; use http or https",
+                details={"url": url, "scheme": target.scheme},
+            )
         if not target.host:
             raise UrlNotAllowed("URL has no host", details={"url": url})
+        host = target.raw_host.decode("ascii")
+        if not (_is_ip_literal(host) if ":" in host else _HOSTNAME.fullmatch(host)):
+            raise UrlNotAllowed(f"{target.host!r} is not a valid host name", details={"url": url, "host": target.host})
+        if target.port is not None and not 0 < target.port < 65536:
+            raise UrlNotAllowed(f"port {target.port} is not a valid port", details={"url": url, "port": target.port})
         return target
 
-    async def _checked_address(self, target: httpx.URL) -> str:
-        host = target.host
+    def _redirect_target(self, target: httpx.URL, location: str, current: str) -> str:
+        try:
+            return str(target.join(location))
+        except (httpx.InvalidURL, TypeError, ValueError) as exc:
+            raise ImageFetchFailed(
+                f"{current} redirected to an invalid URL {location!r}: {exc}",
+                details={"url": current, "reason": "invalid_redirect", "location": location},
+            ) from None
+
+    async def _checked_addresses(self, target: httpx.URL) -> list[str]:
+        """The addresses ``target``'s host resolves to, once; all must be allowed, else nothing is sent."""
+        host = target.raw_host.decode("ascii")  # IDNA-encoded as httpx would; IPv6 without brackets
         port = target.port or (443 if target.scheme == "https" else 80)
         try:
             infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except OSError as exc:
-            raise ImageFetchFailed(f"cannot resolve {host!r}: {exc}", details={"host": host}) from None
-        addresses = [str(info[4][0]) for info in infos]
+            raise ImageFetchFailed(
+                f"cannot resolve {target.host!r}: {exc}", details={"host": target.host, "reason": "dns"}
+            ) from None
+        addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
         if not addresses:
-            raise ImageFetchFailed(f"{host!r} resolves to no address", details={"host": host})
-        exempt = self.allow_private or host.lower() in self.allowed_hosts
+            raise ImageFetchFailed(
+                f"{target.host!r} resolves to no address", details={"host": target.host, "reason": "dns"}
+            )
+        names = {_normalize_host(host), _normalize_host(target.host)}  # IDNA and Unicode spellings
+        exempt = self.allow_private or not names.isdisjoint(self.allowed_hosts)
         if not exempt:
             blocked = [address for address in addresses if not is_public_address(address)]
             if blocked:
                 raise UrlNotAllowed(
-                    f"{host!r} resolves to a non-public address ({blocked[0]})",
-                    details={"host": host, "addresses": blocked},
+                    f"{target.host!r} resolves to a non-public address ({blocked[0]})",
+                    details={"host": target.host, "addresses": blocked},
                 )
-        return addresses[0]
+        return addresses
+
+    @staticmethod
+    def _check_content_type(response: httpx.Response, url: str) -> None:
+        content_type = response.headers.get("content-type", "").split(";")[0].strip().lower()
+        kind, _, subtype = content_type.partition("/")
+        if kind == "image" or not content_type:
+            return
+        if kind in _NOT_IMAGE_TYPES or subtype in _NOT_IMAGE_SUBTYPES or subtype.endswith(("+json", "+xml")):
+            raise ImageFetchFailed(
+                f"{url} returned {content_type!r}, not an image",
+                details={"url": url, "reason": "content_type", "content_type": content_type},
+            )
+
+    def _too_large(self, url: str, declared: str) -> PayloadTooLarge:
+        return PayloadTooLarge(
+            f"{url} is {declared} bytes (Content-Length), over the limit of {self.max_bytes}",
+            details={"limit": "max_image_bytes", "max_bytes": self.max_bytes, "url": url},
+        )
 
     async def _read_capped(self, response: httpx.Response, url: str) -> bytes:
-        declared = response.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            raise PayloadTooLarge(
-                f"{url} is {declared} bytes, over the limit of {self.max_bytes}",
-                details={"limit": "max_image_bytes", "max_bytes": self.max_bytes},
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        inflater = None
+        if encoding in ("", "identity"):
+            declared = response.headers.get("content-length", "").strip()
+            if declared.isdigit() and int(declared) > self.max_bytes:
+                raise self._too_large(url, declared)
+        elif encoding in ("gzip", "x-gzip", "deflate"):
+            # Asked for identity, got compression anyway: inflate here, never past the limit (bombs).
+            inflater = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib header, detected
+        else:
+            raise ImageFetchFailed(
+                f"{url} used content-encoding {encoding!r}, which is not supported",
+                details={"url": url, "reason": "content_encoding", "content_encoding": encoding},
             )
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in response.aiter_bytes():
-            size += len(chunk)
-            if size > self.max_bytes:
-                raise PayloadTooLarge(
-                    f"{url} is over the limit of {self.max_bytes} bytes",
-                    details={"limit": "max_image_bytes", "max_bytes": self.max_bytes},
-                )
-            chunks.append(chunk)
-        return b"".join(chunks)
+        body = bytearray()
+        async for chunk in response.aiter_raw():
+            if inflater is None:
+                self._append(body, chunk, url)
+                continue
+            data = chunk
+            while data and not inflater.eof:
+                try:
+                    piece = inflater.decompress(data, self.max_bytes - len(body) + 1)
+                except zlib.error as exc:
+                    raise ImageFetchFailed(
+                        f"{url} sent a corrupt compressed body: {exc}",
+                        details={"url": url, "reason": "content_encoding"},
+                    ) from None
+                self._append(body, piece, url)
+                data = inflater.unconsumed_tail
+        if inflater is not None:
+            self._append(body, inflater.flush(), url)  # what zlib still holds: at most one match
+        return bytes(body)
+
+    def _append(self, body: bytearray, chunk: bytes, url: str) -> None:
+        if len(body) + len(chunk) > self.max_bytes:
+            raise PayloadTooLarge(
+                f"{url} is more than {self.max_bytes} bytes, over the limit",
+                details={"limit": "max_image_bytes", "max_bytes": self.max_bytes, "url": url},
+            )
+        body += chunk
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    described = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return f"timed out ({described})" if isinstance(exc, httpx.TimeoutException) else described

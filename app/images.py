@@ -24,11 +24,19 @@ __all__ = ["decode_base64_image", "decode_image", "is_url"]
 _DATA_URI = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w.+-]+=[\w.+-]+)*)(?P<b64>;base64)?,", re.I)
 _WHITESPACE = re.compile(rb"\s+")
 # Formats a client may send; anything else PIL could open (EPS, ...) is refused.
-_ALLOWED_FORMATS = frozenset({"PNG", "JPEG", "MPO", "WEBP", "GIF", "BMP", "TIFF"})
+_OPEN_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")  # the JPEG parser also opens MPO files
+_ALLOWED_FORMATS = frozenset({*_OPEN_FORMATS, "MPO"})
+_PILLOW_PIXELS = re.compile(r"\((\d+) pixels\)")
+
+
+# Any "scheme:" but data: is a URL: base64 has no ':', and the fetcher refuses schemes other than http(s)
+# with url_not_allowed (a file:// or ftp:// image must not read as "invalid base64").
+_URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
 
 
 def is_url(source: str) -> bool:
-    return source[:8].lower().startswith(("http://", "https://"))
+    match = _URL_SCHEME.match(source[:64])
+    return match is not None and match.group().lower() != "data:"
 
 
 def decode_base64_image(source: str, *, max_bytes: int) -> bytes:
@@ -44,12 +52,13 @@ def decode_base64_image(source: str, *, max_bytes: int) -> bytes:
         payload = source[match.end() :]
     elif source[:5].lower() == "data:":
         raise InvalidImage("malformed data URI")
+    # Line breaks (MIME-style base64) are not data: strip them before sizing.
+    raw = _WHITESPACE.sub(b"", payload.encode("ascii", errors="replace"))
     # Base64 grows data by 4/3: refuse before decoding what cannot fit.
-    if len(payload) // 4 * 3 > max_bytes + 3:
+    if len(raw) // 4 * 3 > max_bytes + 3:
         raise PayloadTooLarge(
             f"image is over {max_bytes} bytes", details={"limit": "max_image_bytes", "max_bytes": max_bytes}
         )
-    raw = _WHITESPACE.sub(b"", payload.encode("ascii", errors="replace"))
     try:
         data = base64.b64decode(raw, validate=True)
     except (binascii.Error, ValueError) as exc:
@@ -68,16 +77,16 @@ def decode_image(data: bytes, *, max_pixels: int) -> Image.Image:
         raise InvalidImage("image is empty (0 bytes)")
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data))
+            # Hostile files make Pillow warn (corrupt EXIF, bomb-sized headers): the answer says it all.
+            # Only Pillow's own warnings: catch_warnings is not thread-safe, so a filter may outlive it.
+            warnings.filterwarnings("ignore", module=r"PIL\.")
+            # Only the allowed formats' parsers ever see the bytes (no TGA/EPS/... guessing).
+            image = Image.open(io.BytesIO(data), formats=_OPEN_FORMATS)
             if image.format not in _ALLOWED_FORMATS:
                 raise InvalidImage(f"unsupported image format {image.format!r}")
             width, height = image.size
             if width * height > max_pixels:
-                raise PayloadTooLarge(
-                    f"image is {width}x{height} = {width * height} pixels, over the limit of {max_pixels}",
-                    details={"limit": "max_image_pixels", "max_pixels": max_pixels, "pixels": width * height},
-                )
+                raise _too_many_pixels(f"{width}x{height} = {width * height}", width * height, max_pixels)
             if width < 1 or height < 1:
                 raise InvalidImage(f"image has no pixels ({width}x{height})")
             image.seek(0)  # animated formats: the first frame
@@ -86,22 +95,56 @@ def decode_image(data: bytes, *, max_pixels: int) -> Image.Image:
     except (InvalidImage, PayloadTooLarge):
         raise
     except UnidentifiedImageError:
-        raise InvalidImage("not a recognised image format") from None
-    except (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError) as exc:
-        raise InvalidImage(f"cannot decode image: {exc}") from None
+        raise InvalidImage(f"not a recognised image format (one of {', '.join(_OPEN_FORMATS)})") from None
+    except Image.DecompressionBombError as exc:
+        # Pillow's own guard fired while reading the header (over 2 * Image.MAX_IMAGE_PIXELS): the
+        # image is over the effective pixel limit, whatever max_pixels says.
+        found = _PILLOW_PIXELS.search(str(exc))
+        pixels = int(found.group(1)) if found else None
+        limit = min(max_pixels, 2 * (Image.MAX_IMAGE_PIXELS or max_pixels))
+        raise _too_many_pixels(str(pixels) if pixels else "too many", pixels, limit) from None
+    except MemoryError:
+        raise
+    except Exception as exc:
+        # Decoders meet arbitrary bytes here: whatever they raise (OSError, SyntaxError, struct.error,
+        # TypeError from a corrupt TIFF tag, ...) means the image cannot be decoded, not a server fault.
+        raise InvalidImage(f"cannot decode image: {type(exc).__name__}: {exc}") from None
+
+
+def _too_many_pixels(said: str, pixels: int | None, max_pixels: int) -> PayloadTooLarge:
+    details: dict[str, object] = {"limit": "max_image_pixels", "max_pixels": max_pixels}
+    if pixels is not None:
+        details["pixels"] = pixels
+    return PayloadTooLarge(f"image is {said} pixels, over the limit of {max_pixels}", details=details)
 
 
 def _to_rgb(image: Image.Image) -> Image.Image:
     if image.mode == "RGB":
         return image
-    if image.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I"):
-        # 16/32-bit grey: scale to 8 bits instead of clipping everything above 255 to white.
-        array = np.asarray(image, dtype=np.float64)
-        peak = 65535.0 if image.mode.startswith("I;16") else max(float(array.max()), 1.0)
-        image = Image.fromarray(np.clip(array / peak * 255.0 + 0.5, 0, 255).astype(np.uint8), mode="L")
+    if image.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I", "F"):
+        image = Image.fromarray(_grey_to_8bit(image), mode="L")
     if image.mode == "CMYK" or image.mode not in ("RGBA", "LA", "P", "PA"):
         return image.convert("RGB")
     # As transformers' convert_to_rgb: composite transparency over white.
     rgba = image.convert("RGBA")
     background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
     return Image.alpha_composite(background, rgba).convert("RGB")
+
+
+def _grey_to_8bit(image: Image.Image) -> np.ndarray:
+    """16-bit, 32-bit integer or float grey as 8 bits, scaled from its nominal range, not clipped to white.
+
+    The range is the sample type's, never the image's own maximum, so a uniform mid-grey stays
+    mid-grey: ``I;16`` is 0..65535; ``I`` (a 32-bit container, most often of 16-bit data) is 0..255 if
+    every value fits, else 0..65535 if every value fits, else the int32 range; ``F`` is 0..1 if every
+    value fits (the usual float convention), else 0..255 as Pillow's own conversion reads it.
+    """
+    array = np.nan_to_num(np.asarray(image, dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+    top = float(array.max()) if array.size else 0.0
+    if image.mode.startswith("I;16"):
+        peak = 65535.0
+    elif image.mode == "I":
+        peak = 255.0 if top <= 255 else 65535.0 if top <= 65535 else float(2**31 - 1)
+    else:
+        peak = 1.0 if top <= 1.0 else 255.0
+    return np.clip(array / peak * 255.0 + 0.5, 0, 255).astype(np.uint8)

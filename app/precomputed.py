@@ -38,11 +38,16 @@ def decode_precomputed(embedding: PrecomputedEmbedding, *, param: str, max_bytes
                 details={"declared_shape": [rows, width], "rows": len(embedding.data), "widths": sorted(lengths)},
             )
         tensor = torch.tensor(embedding.data, dtype=torch.float32)
-    if not bool(torch.isfinite(tensor).all()):
+    finite = torch.isfinite(tensor)
+    if not bool(finite.all()):
+        # Said with the first place: 1e39 is a finite JSON number, but infinite as float32.
+        row, column = (int(v) for v in (~finite).nonzero()[0])
         raise ValidationFailed(
-            f"{param} contains NaN or infinite values",
+            f"{param} contains NaN or infinite values (as float32), first at row {row}, column {column}",
             param=f"{param}.data",
-            details={"errors": [{"loc": [param, "data"], "msg": "values must be finite", "type": "finite"}]},
+            details={
+                "errors": [{"loc": [param, "data", row, column], "msg": "values must be finite", "type": "finite"}]
+            },
         )
     return tensor
 

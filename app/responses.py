@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 from typing import Any
 
 import numpy as np
@@ -10,18 +11,36 @@ import orjson
 import torch
 from starlette.responses import Response
 
-__all__ = ["JSONBytesResponse", "embedding_payload", "l2_normalised_mean"]
+__all__ = ["JSONBytesResponse", "dumps_json", "embedding_payload", "l2_normalised_mean"]
 
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+def dumps_json(content: Any) -> bytes:
+    """orjson, fast for large embeddings; the standard library for what orjson refuses.
+
+    Client-sent values are echoed back (metadata, a model name): integers past 64 bits and lone
+    surrogates are valid JSON to a parser but not to orjson, and must not turn an answer into a 500.
+    """
+    try:
+        return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
+    except TypeError:
+        return json.dumps(content, default=_jsonable, ensure_ascii=True).encode("ascii")
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return str(value)
+
+
 class JSONBytesResponse(Response):
-    """JSON rendered by orjson; numpy arrays serialise natively (large float embeddings stay fast)."""
+    """JSON rendered by :func:`dumps_json`; numpy arrays serialise natively."""
 
     media_type = "application/json"
 
     def render(self, content: Any) -> bytes:
-        return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
+        return dumps_json(content)
 
 
 def _little_endian_bytes(rows: torch.Tensor) -> bytes:

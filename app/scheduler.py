@@ -19,6 +19,7 @@ import torch
 from app.cache import CachedEmbedding, EmbeddingCache, content_hash
 from app.errors import (
     InternalError,
+    InvalidImage,
     MissingMetadata,
     NotReady,
     Overloaded,
@@ -248,7 +249,11 @@ class Scheduler:
 
     def _prepare(self, data: bytes) -> PreparedImage:
         """Decode and preprocess one image; runs on the pool."""
-        return self.adapter.preprocess(decode_image(data, max_pixels=self.limits.max_image_pixels))
+        image = decode_image(data, max_pixels=self.limits.max_image_pixels)
+        try:
+            return self.adapter.preprocess(image)
+        except ValueError as exc:  # e.g. Qwen2-VL refuses aspect ratios over 200
+            raise InvalidImage(f"the model's image processor cannot take this image: {exc}") from None
 
     async def _run_encoder(self, prepared: list[PreparedImage], indices: list[int]) -> list[torch.Tensor]:
         try:

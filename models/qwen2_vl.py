@@ -8,6 +8,7 @@ sizes are packed into one forward: concatenated patches plus one ``grid_thw`` ro
 from __future__ import annotations
 
 import math
+import reprlib
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -58,10 +59,14 @@ class Qwen2VLAdapter(EncoderAdapter):
             or len(grid) != 3
             or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in grid)
         ):
-            raise MetadataError(field, f"must be three positive integers [t, h, w], got {grid!r}", missing=False)
+            raise MetadataError(
+                field, f"must be three positive integers [t, h, w], got {reprlib.repr(grid)}", missing=False
+            )
         if (grid[1] % self.merge_size) or (grid[2] % self.merge_size):
             raise MetadataError(
-                field, f"h and w must be multiples of merge_size {self.merge_size}, got {grid!r}", missing=False
+                field,
+                f"h and w must be multiples of merge_size {self.merge_size}, got {reprlib.repr(grid)}",
+                missing=False,
             )
         return math.prod(grid) // self.merge_size**2
 

@@ -23,7 +23,16 @@ class PrecomputedEmbedding(BaseModel):
 
 
 class EncodeItem(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        # What `_has_a_source` checks, said in the JSON schema too: at least one source, not null.
+        json_schema_extra={
+            "anyOf": [
+                {"required": [name], "properties": {name: {"type": kind}}}
+                for name, kind in (("image", "string"), ("hash", "string"), ("precomputed_embedding", "object"))
+            ]
+        },
+    )
 
     image: str | None = Field(
         default=None, description="A data URI, bare base64 of the file, or an http(s) URL.", min_length=1

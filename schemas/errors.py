@@ -4,12 +4,18 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 ErrorType = Literal["invalid_request_error", "server_error", "overloaded_error"]
 
 
+# Every field is always sent (null when unknown), and nothing else: say so in /openapi.json too.
+_EXACT = ConfigDict(extra="forbid", json_schema_serialization_defaults_required=True)
+
+
 class ErrorBody(BaseModel):
+    model_config = _EXACT
+
     message: str = Field(description="A human sentence, with the numbers involved.")
     type: ErrorType
     code: str = Field(description="Stable machine-readable code, e.g. `partial_precomputed`.")
@@ -19,4 +25,6 @@ class ErrorBody(BaseModel):
 
 
 class ErrorResponse(BaseModel):
+    model_config = _EXACT
+
     error: ErrorBody

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import base64
+import re
 
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from app.deps import RuntimeDep
-from app.errors import UnsupportedParameter
+from app.errors import ServiceError, UnsupportedParameter
 from app.openapi import ERROR_RESPONSES
 from app.responses import JSONBytesResponse, l2_normalised_mean
 from app.scheduler import ItemInput
@@ -34,7 +35,13 @@ async def embeddings(body: EmbeddingsRequest, request: Request, runtime: Runtime
             details={"requested": body.dimensions, "supported": [width]},
         )
     inputs = [body.input] if isinstance(body.input, str) else body.input
-    results = await scheduler.encode([ItemInput(image=image) for image in inputs])
+    try:
+        results = await scheduler.encode([ItemInput(image=image) for image in inputs])
+    except ServiceError as error:
+        # The scheduler names items as /v1/encode does; here the caller sent `input`.
+        if error.param is not None:
+            error.param = re.sub(r"^items\[(\d+)\]\.image", r"input[\1]", error.param)
+        raise
     tokens = sum(result.num_tokens for result in results)
     request.state.items, request.state.tokens = len(results), tokens
     data = []

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
 from fastapi import APIRouter, Request
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
 from app.deps import RuntimeDep
-from app.errors import validation_error
+from app.errors import PayloadTooLarge, ServiceError, validation_error
 from app.openapi import ERROR_RESPONSES, request_body
 from app.responses import JSONBytesResponse, embedding_payload
 from app.scheduler import ItemInput, ItemResult
@@ -19,6 +20,19 @@ from schemas.encode import EncodeOptions, EncodeRequest, EncodeResponse
 router = APIRouter(tags=["encode"])
 
 _MULTIPART_FIELDS = {"model", "precomputed", "encoding_format", "dtype", "pooling"}
+
+
+def _form_field_schema(name: str) -> dict[str, Any]:
+    """A multipart text field's schema, from the same pydantic field the JSON body uses."""
+    field = EncodeOptions.model_fields[name]
+    schema: dict[str, Any] = {"type": "string"}
+    if get_origin(field.annotation) is Literal:
+        schema["enum"] = list(get_args(field.annotation))
+    if isinstance(field.default, str):
+        schema["default"] = field.default
+    if field.description:
+        schema["description"] = field.description
+    return schema
 
 
 @router.post(
@@ -31,9 +45,10 @@ _MULTIPART_FIELDS = {"model", "precomputed", "encoding_format", "dtype", "poolin
         multipart={
             "type": "object",
             "required": ["image"],
+            "additionalProperties": False,
             "properties": {
-                "image": {"type": "array", "items": {"type": "string", "format": "binary"}},
-                **{name: {"type": "string"} for name in sorted(_MULTIPART_FIELDS)},
+                "image": {"type": "array", "items": {"type": "string", "format": "binary"}, "minItems": 1},
+                **{name: _form_field_schema(name) for name in sorted(_MULTIPART_FIELDS)},
             },
         },
     ),
@@ -66,7 +81,19 @@ def _parse(model: type[EncodeRequest], raw: bytes) -> EncodeRequest:
 
 
 async def _read_multipart(request: Request, max_items: int) -> tuple[EncodeOptions, list[ItemInput]]:
-    form = await request.form(max_files=max_items, max_fields=len(_MULTIPART_FIELDS))
+    try:
+        form = await request.form(max_files=max_items, max_fields=len(_MULTIPART_FIELDS))
+    except HTTPException as exc:
+        # Starlette answers a malformed or oversized form with a bare 400; say it in the contract's terms.
+        if isinstance(exc.__cause__, ServiceError) or exc.status_code != 400:
+            raise
+        if str(exc.detail).startswith("Too many files"):
+            raise PayloadTooLarge(
+                f"more than {max_items} `image` files, over the limit per request",
+                param="image",
+                details={"limit": "max_items_per_request", "max_items": max_items},
+            ) from None
+        raise validation_error([{"loc": ["body"], "msg": str(exc.detail), "type": "multipart"}]) from None
     uploads = [value for key, value in form.multi_items() if key == "image"]
     unknown = sorted({key for key in form if key != "image"} - _MULTIPART_FIELDS)
     problems: list[dict[str, Any]] = [

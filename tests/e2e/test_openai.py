@@ -60,7 +60,7 @@ def test_errors_raise_the_matching_openai_exceptions(client: openai.OpenAI) -> N
     with pytest.raises(openai.BadRequestError) as bad:
         client.embeddings.create(model="tiny-qwen2-vl", input=["data:image/png;base64,aGVsbG8="])
     assert bad.value.code == "invalid_image"
-    assert bad.value.param == "items[0].image"
+    assert bad.value.param == "input[0]"
     with pytest.raises(openai.NotFoundError) as missing:
         client.embeddings.create(model="text-embedding-3-small", input=[data_uri(IMAGES[0])])
     assert missing.value.code == "model_not_found"
