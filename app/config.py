@@ -42,7 +42,12 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     # --- batching and admission ---
-    max_batch_tokens: int = Field(default=16384, ge=1, description="Rows per encoder forward (soft: one job runs).")
+    max_batch_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="Rows per encoder forward (a larger single request still runs alone). "
+        "Unset: 16384 on CUDA; 512 on CPU, where bigger batches fall out of cache and run slower per image.",
+    )
     max_batch_items: int = Field(default=64, ge=1, description="Images per encoder forward.")
     batch_wait_ms: float = Field(default=2.0, ge=0, le=1000, description="Longest wait to fill a batch.")
     max_queue: int = Field(default=256, ge=1, description="Requests waiting for the encoder; past it: 503.")

@@ -25,7 +25,7 @@ from app.worker import EncoderWorker
 from models import EncoderAdapter, load_encoder
 from models.tiny import build_tiny
 
-__all__ = ["Phase", "Runtime", "default_model_dir", "resolve_device", "resolve_dtype"]
+__all__ = ["Phase", "Runtime", "batch_token_budget", "default_model_dir", "resolve_device", "resolve_dtype"]
 
 logger = logging.getLogger("mmencode.runtime")
 
@@ -48,6 +48,14 @@ def resolve_device(name: str | None) -> torch.device:
     if name:
         return torch.device(name)
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def batch_token_budget(configured: int | None, device: torch.device) -> int:
+    """Rows per forward. On CPU (bench/README.md) throughput per image drops past a few images of a
+    mid-size tower, as activations leave the caches; on a GPU batching is what fills the device."""
+    if configured is not None:
+        return configured
+    return 16384 if device.type == "cuda" else 512
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -90,7 +98,7 @@ class Runtime:
             adapter = await asyncio.to_thread(self._load)
             worker = EncoderWorker(
                 adapter,
-                max_batch_tokens=self.settings.max_batch_tokens,
+                max_batch_tokens=batch_token_budget(self.settings.max_batch_tokens, adapter.device),
                 max_batch_items=self.settings.max_batch_items,
                 batch_wait_s=self.settings.batch_wait_ms / 1000,
                 max_queue=self.settings.max_queue,
