@@ -13,6 +13,7 @@ import time
 import uuid
 
 from starlette.datastructures import Headers, MutableHeaders
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.errors import InternalError, error_response
@@ -55,6 +56,9 @@ class RequestContextMiddleware:
 
         try:
             await self.app(scope, receive, send_with_id)
+        except ClientDisconnect:
+            # The client went away mid-body: nobody to answer, nothing went wrong on our side.
+            status = 499
         except Exception:
             error_log.exception("unhandled error in request %s", request_id)
             if response_started:

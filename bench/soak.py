@@ -87,6 +87,8 @@ async def soak(url: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
                     statuses["disconnect-answered"] += 1
                 except httpx.TimeoutException:
                     statuses["disconnect"] += 1
+                except httpx.HTTPError:
+                    statuses["disconnect-reset"] += 1  # the aborted exchange's connection was dropped
                 return
             if roll < 0.45:
                 name, body = rng.choice(list(bad.items()))

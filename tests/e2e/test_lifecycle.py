@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import socket
 import threading
 import time
 from pathlib import Path
@@ -75,3 +76,21 @@ def test_draining_turns_readiness_off_and_finishes_in_flight_work(checkpoints: d
     assert_error(refused, 503, "not_ready")
     assert finished.status_code == 200, finished.text
     assert len(finished.json()["items"]) == len(BIG)
+
+
+def test_a_client_that_leaves_mid_body_is_not_an_internal_error(qwen_server) -> None:  # type: ignore[no-untyped-def]
+    host, port = qwen_server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(
+            b"POST /v1/encode HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 100000\r\n\r\n{"items": [{"image": "'
+        )
+    deadline = time.monotonic() + 10
+    with qwen_server.client() as client:
+        while time.monotonic() < deadline:
+            metrics = client.get("/metrics").text
+            if 'route="/v1/encode",status="499"' in metrics:
+                break
+            time.sleep(0.05)
+    assert 'mmencode_requests_total{method="POST",route="/v1/encode",status="499"}' in metrics
+    assert 'mmencode_errors_total{code="internal_error"}' not in metrics
