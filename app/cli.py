@@ -113,6 +113,7 @@ def serve(settings: Settings) -> int:
         log_level=settings.log_level,
         access_log=False,  # mmencode.access logs one line per request, with its id
         timeout_graceful_shutdown=30,
+        timeout_keep_alive=settings.keep_alive_timeout,
     )
     DrainingServer(config).run()
     return 0

@@ -40,6 +40,12 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    keep_alive_timeout: int = Field(
+        default=75,
+        ge=1,
+        description="Seconds an idle keep-alive connection stays open. Longer than clients' pool expiry "
+        "(httpx: 5 s), so the server never closes a connection just as a client reuses it.",
+    )
 
     # --- batching and admission ---
     max_batch_tokens: int | None = Field(
