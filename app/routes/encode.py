@@ -59,13 +59,11 @@ async def encode(request: Request, runtime: RuntimeDep) -> Response:
     else:
         # Anything else is read as JSON: `curl -d` sends a form content type by default.
         body = _parse(EncodeRequest, await request.body())
-        options, items = (
-            body,
-            [
-                ItemInput(image=i.image, embedding=i.precomputed_embedding, metadata=i.metadata, hash=i.hash)
-                for i in body.items
-            ],
-        )
+        options = body
+        items = [
+            ItemInput(image=i.image, embedding=i.precomputed_embedding, metadata=i.metadata, hash=i.hash)
+            for i in body.items
+        ]
     runtime.check_model(options.model)
     results = await runtime.scheduler.encode(items, options.precomputed)
     request.state.items = len(results)
