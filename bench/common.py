@@ -76,7 +76,11 @@ def service(model: Path, *args: str, port: int | None = None) -> Iterator[str]:
 
 
 def wait_ready(
-    url: str, process: subprocess.Popen[bytes] | None = None, timeout: float = 180, log_path: Path | None = None
+    url: str,
+    process: subprocess.Popen[bytes] | None = None,
+    timeout: float = 180,
+    log_path: Path | None = None,
+    path: str = "/ready",
 ) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -84,7 +88,7 @@ def wait_ready(
             tail = log_path.read_text()[-4000:] if log_path else ""
             raise RuntimeError(f"server exited with {process.returncode}: {tail}")
         with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url + "/ready", timeout=2).status_code == 200:
+            if httpx.get(url + path, timeout=2).status_code == 200:
                 return
         time.sleep(0.2)
     raise TimeoutError(f"{url} not ready after {timeout}s")

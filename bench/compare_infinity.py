@@ -19,12 +19,9 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 from bench.common import data_uri, drive, free_port, jpeg_images, service, wait_ready
 
@@ -46,14 +43,8 @@ def infinity(model: Path, venv: Path) -> Iterator[str]:
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise RuntimeError(f"infinity exited: {Path(log.name).read_text()[-3000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            time.sleep(0.5)
+        # Infinity's /health answers 200 once its model is loaded and warmed up.
+        wait_ready(url, process, timeout=300, log_path=Path(log.name), path="/health")
         yield url
     finally:
         with contextlib.suppress(Exception):
@@ -94,7 +85,6 @@ def main() -> None:
 
     options = ("--served-model-name", NAME, "--cache-bytes", "0", "--max-queue", "100000", "--log-level", "warning")
     with service(model, *options) as url:
-        wait_ready(url)
         bodies = [{"model": NAME, "input": [uri]} for uri in uris]
         results["mmencode"] = run(url, "/v1/embeddings", bodies, args.concurrency)
     print("mmencode", json.dumps(results["mmencode"]), flush=True)

@@ -9,7 +9,6 @@ must carry so that its row count can be checked without the image.
 from __future__ import annotations
 
 import abc
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,11 +107,6 @@ class EncoderAdapter(abc.ABC):
         56x56 is a multiple of 14 and 28, so its patch grid merges under any usual merge size.
         """
         return Image.new("RGB", (56, 56), (127, 64, 200))
-
-    def processor_config(self) -> dict[str, Any]:
-        """The processor's settings, as hashed into every content hash."""
-        config: dict[str, Any] = json.loads(self.processor.to_json_string())
-        return config
 
     @staticmethod
     def _positive_int(metadata: Mapping[str, Any], field: str) -> int:
