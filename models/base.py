@@ -18,6 +18,7 @@ import torch
 from PIL import Image
 
 from models.errors import MetadataError
+from models.processor_config import ProcessorConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +64,7 @@ class EncoderAdapter(abc.ABC):
         device: torch.device,
         dtype: torch.dtype,
         fingerprint: str,
+        processor_config: ProcessorConfig | None = None,
     ) -> None:
         self.module = module
         self.processor = processor
@@ -72,6 +74,13 @@ class EncoderAdapter(abc.ABC):
         self.dtype = dtype
         # Identity of the loaded weights and configs: part of every content hash.
         self.fingerprint = fingerprint
+        # The checkpoint's processor-level settings (``image_seq_length``...), read, never hard-coded.
+        self.processor_config = processor_config or ProcessorConfig(image_processor={})
+
+    @classmethod
+    def build_processor(cls, config: ProcessorConfig) -> Any:
+        """The family's PIL image processor from the checkpoint's settings (never a torchvision class)."""
+        return cls.processor_class.from_dict(config.image_processor)  # type: ignore[attr-defined]
 
     # ----- what the service needs to know -----
     @property

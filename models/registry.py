@@ -16,6 +16,7 @@ from models.base import EncoderAdapter
 from models.errors import CheckpointError
 from models.fixed import ClipAdapter, SiglipAdapter
 from models.internvl import InternVLAdapter
+from models.processor_config import read_processor_config
 from models.qwen2_vl import Qwen2_5_VLAdapter, Qwen2VLAdapter
 from models.weights import load_config_json, load_encoder_weights
 
@@ -70,16 +71,15 @@ def load_encoder(checkpoint: Path | str, *, device: torch.device, dtype: torch.d
     adapter_cls = family.adapter
     config = AutoConfig.from_pretrained(checkpoint, local_files_only=True)
     tower_config = family.tower_config(config)
-    if not (checkpoint / "preprocessor_config.json").is_file():
-        raise CheckpointError(f"{checkpoint} has no preprocessor_config.json: the image processor is required")
-    processor: Any = adapter_cls.processor_class.from_pretrained(checkpoint, local_files_only=True)  # type: ignore[attr-defined]
+    processor_config = read_processor_config(checkpoint)
+    processor: Any = adapter_cls.build_processor(processor_config)
 
     module: torch.nn.Module = adapter_cls.tower_class(tower_config)
     hasher = blake3.blake3()
     hasher.update(adapter_cls.family.encode())
     # The files as shipped, not re-serialised configs: the same on every replica and library version.
-    for name in ("config.json", "preprocessor_config.json"):
-        hasher.update((checkpoint / name).read_bytes())
+    for path in (checkpoint / "config.json", *processor_config.files):
+        hasher.update(path.read_bytes())
     prefix = load_encoder_weights(module, checkpoint, adapter_cls.weight_prefixes, hasher)
     module.requires_grad_(False)
     module.to(device=device, dtype=dtype).eval()
@@ -99,4 +99,5 @@ def load_encoder(checkpoint: Path | str, *, device: torch.device, dtype: torch.d
         device=device,
         dtype=dtype,
         fingerprint=hasher.hexdigest(),
+        processor_config=processor_config,
     )

@@ -2,17 +2,19 @@
 
 Weights are drawn per tensor from a generator seeded by the tensor's name, so a checkpoint is the same
 on every torch/transformers version whatever order layers are constructed in. The result is a normal
-``save_pretrained`` directory (config, safetensors, preprocessor config) loaded by the same path as a
+``save_pretrained`` directory (config, safetensors, processor config) loaded by the same path as a
 real model. Full-VLM layouts include a (tiny) language model that the service must never load.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -43,9 +45,12 @@ from transformers import (
 from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
 from transformers.utils import logging as hf_logging
 
-__all__ = ["FAMILIES", "Layout", "build_tiny", "fill_deterministic"]
+__all__ = ["FAMILIES", "Layout", "ProcessorLayout", "TinyProcessor", "build_tiny", "fill_deterministic"]
 
 Layout = Literal["full", "vision"]
+# "nested": one processor_config.json with the image processor inside, as transformers 5 saves a whole
+# processor; "legacy": preprocessor_config.json (plus processor_config.json for processor-level settings).
+ProcessorLayout = Literal["nested", "legacy"]
 
 _CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
 _CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
@@ -60,6 +65,31 @@ _TEXT: dict[str, Any] = {
     "bos_token_id": 1,
     "eos_token_id": 2,
 }
+
+
+@dataclass(frozen=True)
+class TinyProcessor:
+    """What a family's whole processor saves, without the tokenizer the encoder never needs.
+
+    The whole-processor classes of several families cannot be built without torchvision (they bundle a
+    video processor), so the file is written here in the format ``ProcessorMixin.save_pretrained`` uses.
+    """
+
+    image_processor: Any
+    processor_class: str
+    # Processor-level settings: image_seq_length, num_image_tokens...
+    settings: dict[str, Any] = field(default_factory=dict)
+    default_layout: ProcessorLayout = "legacy"
+
+    def save(self, directory: Path, layout: ProcessorLayout) -> None:
+        whole = {**self.settings, "processor_class": self.processor_class}
+        if layout == "nested":
+            whole = {"image_processor": self.image_processor.to_dict(), **whole}
+        else:
+            self.image_processor.save_pretrained(directory)
+            if not self.settings:
+                return
+        (directory / "processor_config.json").write_text(json.dumps(whole, indent=2, sort_keys=True) + "\n")
 
 
 def fill_deterministic(model: torch.nn.Module) -> None:
@@ -81,7 +111,7 @@ def fill_deterministic(model: torch.nn.Module) -> None:
             param.copy_(torch.as_tensor(values, dtype=torch.float32))
 
 
-def _qwen2_vl(layout: Layout, processor_merge_size: int) -> tuple[PreTrainedModel, Any]:
+def _qwen2_vl(layout: Layout, processor_merge_size: int) -> tuple[PreTrainedModel, TinyProcessor]:
     vision: dict[str, Any] = {
         "depth": 2,
         "embed_dim": 32,
@@ -106,10 +136,10 @@ def _qwen2_vl(layout: Layout, processor_merge_size: int) -> tuple[PreTrainedMode
         temporal_patch_size=2,
         merge_size=processor_merge_size,
     )
-    return model, processor
+    return model, TinyProcessor(processor, "Qwen2VLProcessor")
 
 
-def _siglip(layout: Layout, _: int) -> tuple[PreTrainedModel, Any]:
+def _siglip(layout: Layout, _: int) -> tuple[PreTrainedModel, TinyProcessor]:
     vision: dict[str, Any] = {
         "hidden_size": 32,
         "intermediate_size": 64,
@@ -133,10 +163,10 @@ def _siglip(layout: Layout, _: int) -> tuple[PreTrainedModel, Any]:
     else:
         model = SiglipVisionModel(SiglipVisionConfig(**vision))
     processor = SiglipImageProcessorPil(size={"height": 64, "width": 64})
-    return model, processor
+    return model, TinyProcessor(processor, "SiglipProcessor")
 
 
-def _clip(layout: Layout, _: int) -> tuple[PreTrainedModel, Any]:
+def _clip(layout: Layout, _: int) -> tuple[PreTrainedModel, TinyProcessor]:
     vision: dict[str, Any] = {
         "hidden_size": 32,
         "intermediate_size": 64,
@@ -164,10 +194,10 @@ def _clip(layout: Layout, _: int) -> tuple[PreTrainedModel, Any]:
     processor = CLIPImageProcessorPil(
         size={"shortest_edge": 64}, crop_size={"height": 64, "width": 64}, image_mean=_CLIP_MEAN, image_std=_CLIP_STD
     )
-    return model, processor
+    return model, TinyProcessor(processor, "CLIPProcessor")
 
 
-def _internvl(layout: Layout, _: int) -> tuple[PreTrainedModel, Any]:
+def _internvl(layout: Layout, _: int) -> tuple[PreTrainedModel, TinyProcessor]:
     if layout != "full":
         raise ValueError("InternVL checkpoints only come as full VLMs (tower + projector + language model)")
     vision = InternVLVisionConfig(
@@ -190,10 +220,10 @@ def _internvl(layout: Layout, _: int) -> tuple[PreTrainedModel, Any]:
         image_mean=_CLIP_MEAN,
         image_std=_CLIP_STD,
     )
-    return model, processor
+    return model, TinyProcessor(processor, "InternVLProcessor")
 
 
-FAMILIES: dict[str, Callable[[Layout, int], tuple[PreTrainedModel, Any]]] = {
+FAMILIES: dict[str, Callable[[Layout, int], tuple[PreTrainedModel, TinyProcessor]]] = {
     "qwen2_vl": _qwen2_vl,
     "siglip": _siglip,
     "clip": _clip,
@@ -207,8 +237,14 @@ def build_tiny(
     *,
     layout: Layout = "full",
     processor_merge_size: int = 2,
+    processor_layout: ProcessorLayout | None = None,
+    max_shard_size: str | None = None,
 ) -> Path:
-    """Write a tiny checkpoint of ``family`` to ``directory`` (replaced atomically) and return it."""
+    """Write a tiny checkpoint of ``family`` to ``directory`` (replaced atomically) and return it.
+
+    ``processor_layout`` defaults to the family's own (``nested`` for families added with
+    transformers 5); ``max_shard_size`` (e.g. ``"20KB"``) writes sharded safetensors with an index.
+    """
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; choose from {sorted(FAMILIES)}")
     directory = Path(directory)
@@ -219,8 +255,11 @@ def build_tiny(
     staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
     hf_logging.disable_progress_bar()
     try:
-        model.save_pretrained(staging)
-        processor.save_pretrained(staging)
+        if max_shard_size is None:
+            model.save_pretrained(staging)
+        else:
+            model.save_pretrained(staging, max_shard_size=max_shard_size)
+        processor.save(staging, processor_layout or processor.default_layout)
         if directory.exists():
             shutil.rmtree(directory)
         os.replace(staging, directory)

@@ -9,6 +9,7 @@ fails the load. Language-model tensors are never read.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -94,21 +95,19 @@ def load_encoder_weights(
             f"{len(missing)} missing (e.g. {missing[:5]}), {len(unexpected)} unexpected (e.g. {unexpected[:5]})"
         )
 
-    by_file: dict[Path, list[str]] = {}
-    for name in sorted(ours):
-        by_file.setdefault(keys[ours[name]], []).append(name)
-    for file, names in by_file.items():
-        with safe_open(str(file), framework="pt") as handle:
-            for name in names:
-                tensor = handle.get_tensor(ours[name])
-                target = state[name]
-                if tensor.shape != target.shape:
-                    raise CheckpointError(
-                        f"weight {ours[name]} has shape {list(tensor.shape)}, "
-                        f"the model built from config.json expects {list(target.shape)}"
-                    )
-                hasher.update(name.encode())
-                hasher.update(tensor.contiguous().reshape(-1).view(torch.uint8).numpy())
-                with torch.no_grad():
-                    target.copy_(tensor)
+    with contextlib.ExitStack() as stack:
+        handles = {file: stack.enter_context(safe_open(str(file), framework="pt")) for file in files}
+        # One global name order, so the fingerprint does not depend on how the tensors are sharded.
+        for name in sorted(ours):
+            tensor = handles[keys[ours[name]]].get_tensor(ours[name])
+            target = state[name]
+            if tensor.shape != target.shape:
+                raise CheckpointError(
+                    f"weight {ours[name]} has shape {list(tensor.shape)}, "
+                    f"the model built from config.json expects {list(target.shape)}"
+                )
+            hasher.update(name.encode())
+            hasher.update(tensor.contiguous().reshape(-1).view(torch.uint8).numpy())
+            with torch.no_grad():
+                target.copy_(tensor)
     return prefix
