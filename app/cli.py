@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from pydantic_core import PydanticUndefined
 
 from app.config import Settings
+from models.catalog import TINY_FAMILIES, catalog_text
 
 __all__ = ["main"]
 
@@ -52,11 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
         "serve",
         help="serve the HTTP API (default: the embedded tiny model on 127.0.0.1:8000)",
         description="Serve the HTTP API. Every option is also an MMENCODE_* environment variable.",
+        epilog=catalog_text(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_settings_flags(serve)
     tiny = commands.add_parser("make-tiny", help="write a deterministic tiny checkpoint of one family")
     tiny.add_argument("directory")
-    tiny.add_argument("--family", default="qwen2_vl", choices=["qwen2_vl", "siglip", "clip", "internvl"])
+    tiny.add_argument("--family", default="qwen2_vl", choices=TINY_FAMILIES)
     tiny.add_argument("--layout", default="full", choices=["full", "vision"], help="full VLM, or the tower alone")
     tiny.add_argument(
         "--processor-merge-size",

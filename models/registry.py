@@ -18,9 +18,10 @@ from models.fixed import ClipAdapter, SiglipAdapter
 from models.internvl import InternVLAdapter
 from models.processor_config import read_processor_config
 from models.qwen2_vl import Qwen2_5_VLAdapter, Qwen2VLAdapter
+from models.qwen3_vl import Qwen3VLAdapter
 from models.weights import load_config_json, load_encoder_weights
 
-__all__ = ["load_encoder", "supported_families"]
+__all__ = ["load_encoder", "supported_families", "supported_model_types"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ _FAMILIES: dict[str, _Family] = {
     "qwen2_vl_vision": _Family(Qwen2VLAdapter, _itself),
     "qwen2_5_vl": _Family(Qwen2_5_VLAdapter, _vision),
     "qwen2_5_vl_vision": _Family(Qwen2_5_VLAdapter, _itself),
+    "qwen3_vl": _Family(Qwen3VLAdapter, _vision),
     "siglip": _Family(SiglipAdapter, _vision),
     "siglip_vision_model": _Family(SiglipAdapter, _itself),
     "clip": _Family(ClipAdapter, _vision),
@@ -57,6 +59,10 @@ _FAMILIES: dict[str, _Family] = {
 
 def supported_families() -> list[str]:
     return sorted({family.adapter.family for family in _FAMILIES.values()})
+
+
+def supported_model_types() -> list[str]:
+    return sorted(_FAMILIES)
 
 
 def load_encoder(checkpoint: Path | str, *, device: torch.device, dtype: torch.dtype) -> EncoderAdapter:

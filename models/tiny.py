@@ -36,6 +36,8 @@ from transformers import (
     Qwen2VLForConditionalGeneration,
     Qwen2VLImageProcessorPil,
     Qwen2VLVisionConfig,
+    Qwen3VLConfig,
+    Qwen3VLForConditionalGeneration,
     SiglipConfig,
     SiglipImageProcessorPil,
     SiglipModel,
@@ -80,13 +82,21 @@ class TinyProcessor:
     # Processor-level settings: image_seq_length, num_image_tokens...
     settings: dict[str, Any] = field(default_factory=dict)
     default_layout: ProcessorLayout = "legacy"
+    # The class name the hub repos write (e.g. a torchvision "...Fast" class); None keeps transformers'.
+    image_processor_type: str | None = None
 
     def save(self, directory: Path, layout: ProcessorLayout) -> None:
         whole = {**self.settings, "processor_class": self.processor_class}
+        image_processor = self.image_processor.to_dict()
+        if self.image_processor_type is not None:
+            image_processor["image_processor_type"] = self.image_processor_type
         if layout == "nested":
-            whole = {"image_processor": self.image_processor.to_dict(), **whole}
+            whole = {"image_processor": image_processor, **whole}
         else:
-            self.image_processor.save_pretrained(directory)
+            if self.image_processor_type is None:
+                self.image_processor.save_pretrained(directory)
+            else:
+                (directory / "preprocessor_config.json").write_text(json.dumps(image_processor, indent=2) + "\n")
             if not self.settings:
                 return
         (directory / "processor_config.json").write_text(json.dumps(whole, indent=2, sort_keys=True) + "\n")
@@ -137,6 +147,45 @@ def _qwen2_vl(layout: Layout, processor_merge_size: int) -> tuple[PreTrainedMode
         merge_size=processor_merge_size,
     )
     return model, TinyProcessor(processor, "Qwen2VLProcessor")
+
+
+def _qwen3_vl(layout: Layout, processor_merge_size: int) -> tuple[PreTrainedModel, TinyProcessor]:
+    if layout != "full":
+        raise ValueError("Qwen3-VL checkpoints only come as full VLMs")
+    text = {
+        **_TEXT,
+        "head_dim": 32,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 6, 6]},
+    }
+    vision: dict[str, Any] = {
+        "depth": 3,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "patch_size": 16,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "out_hidden_size": 64,
+        "num_position_embeddings": 64,
+        "deepstack_visual_indexes": [0, 1],
+    }
+    tokens: dict[str, Any] = {
+        "image_token_id": 10,
+        "video_token_id": 11,
+        "vision_start_token_id": 12,
+        "vision_end_token_id": 13,
+    }
+    model = Qwen3VLForConditionalGeneration(Qwen3VLConfig(text_config=text, vision_config=vision, **tokens))
+    processor = Qwen2VLImageProcessorPil(
+        size={"shortest_edge": 64 * 64, "longest_edge": 32 * 32 * 64},
+        patch_size=16,
+        temporal_patch_size=2,
+        merge_size=processor_merge_size,
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
+    )
+    # As the Qwen3-VL repos ship it: the torchvision class named, Qwen2-VL's processor underneath.
+    return model, TinyProcessor(processor, "Qwen3VLProcessor", {}, "nested", "Qwen2VLImageProcessorFast")
 
 
 def _siglip(layout: Layout, _: int) -> tuple[PreTrainedModel, TinyProcessor]:
@@ -225,6 +274,7 @@ def _internvl(layout: Layout, _: int) -> tuple[PreTrainedModel, TinyProcessor]:
 
 FAMILIES: dict[str, Callable[[Layout, int], tuple[PreTrainedModel, TinyProcessor]]] = {
     "qwen2_vl": _qwen2_vl,
+    "qwen3_vl": _qwen3_vl,
     "siglip": _siglip,
     "clip": _clip,
     "internvl": _internvl,

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,3 +46,19 @@ def qwen_server(checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathF
 def internvl_server(checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     with live_server(model=checkpoints["internvl"], cache_dir=tmp_path_factory.mktemp("cache")) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """Builds a tiny checkpoint on first use and returns the same directory afterwards."""
+    built: dict[tuple[str, tuple[tuple[str, Any], ...]], Path] = {}
+    root = tmp_path_factory.mktemp("family-checkpoints")
+
+    def build(family: str, **options: Any) -> Path:
+        key = (family, tuple(sorted(options.items())))
+        if key not in built:
+            name = "-".join([family, *(f"{k}={v}" for k, v in key[1])])
+            built[key] = build_tiny(root / name, family, **options)
+        return built[key]
+
+    return build

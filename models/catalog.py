@@ -1,0 +1,46 @@
+"""What each supported ``model_type`` needs and yields, as plain data: the CLI's help and the README
+table read it without importing torch (the registry checks that it lists exactly what it serves)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+__all__ = ["CATALOG", "TINY_FAMILIES", "FamilyInfo", "catalog_text"]
+
+
+class FamilyInfo(NamedTuple):
+    model_type: str
+    metadata: str  # fields a precomputed item must carry ("-" when none)
+    rows: str  # how the rows of one image are counted
+
+
+_QWEN2 = ("image_grid_thw", "`t*h*w / merge_size**2`")
+_FIXED = ("-", "patches per side squared")
+
+CATALOG: tuple[FamilyInfo, ...] = (
+    FamilyInfo("qwen2_vl", *_QWEN2),
+    FamilyInfo("qwen2_vl_vision", *_QWEN2),
+    FamilyInfo("qwen2_5_vl", *_QWEN2),
+    FamilyInfo("qwen2_5_vl_vision", *_QWEN2),
+    FamilyInfo(
+        "qwen3_vl",
+        "image_grid_thw",
+        "`t*h*w / merge_size**2`; width `out_hidden_size * (1 + DeepStack levels)`, "
+        "`[main | level_0 | ...]` (metadata `deepstack_split`)",
+    ),
+    FamilyInfo("siglip", *_FIXED),
+    FamilyInfo("siglip_vision_model", *_FIXED),
+    FamilyInfo("clip", "-", "patches per side squared + 1 class token"),
+    FamilyInfo("clip_vision_model", "-", "patches per side squared + 1 class token"),
+    FamilyInfo("internvl", "num_patches", "`num_patches * rows_per_tile` (tiles + thumbnail)"),
+)
+
+# Families ``mmencode make-tiny`` builds (models.tiny.FAMILIES, kept equal by a test).
+TINY_FAMILIES: tuple[str, ...] = ("clip", "internvl", "qwen2_vl", "qwen3_vl", "siglip")
+
+
+def catalog_text() -> str:
+    """One line per model_type, for ``mmencode serve --help``."""
+    width = max(len(info.model_type) for info in CATALOG)
+    lines = [f"  {info.model_type:<{width}}  metadata: {info.metadata}; rows: {info.rows}" for info in CATALOG]
+    return "supported model_type values (config.json):\n" + "\n".join(line.replace("`", "") for line in lines)

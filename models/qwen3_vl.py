@@ -1,0 +1,61 @@
+"""Qwen3-VL: dynamic resolution as Qwen2-VL, plus DeepStack feature levels.
+
+The tower returns the merged rows the language model splices in at its ``<|image_pad|>`` tokens, and
+one more merged feature map per DeepStack level, which the language model adds to its hidden states in
+its first layers at the same positions. mmencode returns them side by side along the width,
+``[main | level_0 | level_1 | ...]``: the layout vLLM and SGLang use for Qwen3-VL encoder output and
+``image_embeds`` input. Row counts are Qwen2-VL's (``t*h*w / merge_size**2``); the width is
+``out_hidden_size * (1 + levels)``, and every item's metadata names the split (``deepstack_split``).
+The image processor is Qwen2-VL's (the repos name its torchvision class; its PIL twin is used).
+"""
+
+from __future__ import annotations
+
+import reprlib
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import torch
+from PIL import Image
+from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
+
+from models.base import EncoderOutput, PreparedImage
+from models.errors import MetadataError
+from models.qwen2_vl import Qwen2VLAdapter
+
+SPLIT_FIELD = "deepstack_split"
+
+
+class Qwen3VLAdapter(Qwen2VLAdapter):
+    family = "qwen3_vl"
+    tower_class: ClassVar[type[torch.nn.Module]] = Qwen3VLVisionModel
+
+    @property
+    def split(self) -> list[int]:
+        """Widths of the row's blocks in order: the main embedding, then each DeepStack level."""
+        width = int(self.config.out_hidden_size)
+        return [width] * (1 + len(self.config.deepstack_visual_indexes))
+
+    @property
+    def hidden_size(self) -> int:
+        return sum(self.split)
+
+    def preprocess(self, image: Image.Image) -> PreparedImage:
+        item = super().preprocess(image)
+        return PreparedImage(item.tensors, {**item.metadata, SPLIT_FIELD: self.split}, item.num_tokens)
+
+    def tokens_from_metadata(self, metadata: Mapping[str, Any]) -> int:
+        # Optional for precomputed items, but a split that is not this model's is a different layout.
+        given = metadata.get(SPLIT_FIELD)
+        if given is not None and given != self.split:
+            raise MetadataError(
+                SPLIT_FIELD,
+                f"must be {self.split} ([main | DeepStack levels] on this model), got {reprlib.repr(given)}",
+                missing=False,
+            )
+        return super().tokens_from_metadata(metadata)
+
+    def _forward(self, batch: dict[str, torch.Tensor], items: Sequence[PreparedImage]) -> EncoderOutput:
+        out = self.module(hidden_states=batch["pixel_values"], grid_thw=batch["image_grid_thw"])
+        rows = torch.cat([out.pooler_output, *out.deepstack_features], dim=-1)
+        return EncoderOutput(rows=rows, rows_per_item=None)

@@ -1,0 +1,91 @@
+"""What transformers itself says about each family, for the family tests to compare the service against.
+
+Per family: the rows the full ``...ForConditionalGeneration`` model splices into ``inputs_embeds`` for
+each image (its own ``get_image_features``, plus whatever the model adds around them), the number of
+placeholder tokens the family's own processor writes for each image (its ``replace_image_token`` and
+friends, called on the real processor class), and a checkpoint whose processor disagrees with its model.
+
+Several whole-processor classes cannot be instantiated without torchvision (they bundle a video
+processor), so their counting methods are called on an instance built without ``__init__`` that holds
+only the image processor and the token strings: the code that counts is still the processor's own.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+from transformers import Qwen3VLForConditionalGeneration, Qwen3VLProcessor
+
+from models import EncoderAdapter
+
+__all__ = ["FAMILIES", "FamilySpec"]
+
+
+def _bare(processor_class: type, **attributes: Any) -> Any:
+    """A processor instance without ``__init__`` (which needs a tokenizer and, here, torchvision)."""
+    processor = processor_class.__new__(processor_class)
+    for name, value in attributes.items():
+        setattr(processor, name, value)
+    return processor
+
+
+def _edit_processor(src: Path, dst: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
+    """A copy of ``src`` whose nested image-processor settings went through ``edit``."""
+    shutil.copytree(src, dst)
+    whole = json.loads((dst / "processor_config.json").read_text())
+    edit(whole)
+    (dst / "processor_config.json").write_text(json.dumps(whole))
+    return dst
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    family: str
+    # The metadata a precomputed item must carry, and that every encoded item reports.
+    required: tuple[str, ...]
+    # (checkpoint, images, adapter) -> rows per image, from the full transformers model.
+    reference: Callable[[Path, list[Image.Image], EncoderAdapter], list[torch.Tensor]]
+    # (adapter, image) -> placeholder tokens the family's own processor inserts for it.
+    placeholders: Callable[[EncoderAdapter, Image.Image], int]
+    # (good checkpoint, destination) -> a checkpoint whose processor config disagrees with its model.
+    drifting: Callable[[Path, Path], Path]
+
+
+# ----- Qwen3-VL -----
+def _qwen3_vl_reference(directory: Path, images: list[Image.Image], adapter: EncoderAdapter) -> list[torch.Tensor]:
+    inputs = adapter.processor(images=images, return_tensors="pt")
+    model = Qwen3VLForConditionalGeneration.from_pretrained(directory).eval()
+    with torch.inference_mode():
+        out = model.model.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"])
+    # pooler_output: what is scattered at the <|image_pad|> tokens; deepstack_features: what the first
+    # decoder layers add at the same positions, level by level.
+    per_image = zip(out.pooler_output, *out.deepstack_features, strict=True)
+    return [torch.cat([main, *levels], dim=-1) for main, *levels in per_image]
+
+
+def _qwen3_vl_placeholders(adapter: EncoderAdapter, image: Image.Image) -> int:
+    processor = _bare(Qwen3VLProcessor, image_processor=adapter.processor, image_token="<|image_pad|>")
+    inputs = adapter.processor(images=[image], return_tensors="pt")
+    return str(processor.replace_image_token(inputs, 0)).count("<|image_pad|>")
+
+
+def _merge_size_one(whole: dict[str, Any]) -> None:
+    whole["image_processor"]["merge_size"] = 1
+
+
+FAMILIES: dict[str, FamilySpec] = {
+    "qwen3_vl": FamilySpec(
+        "qwen3_vl",
+        ("image_grid_thw",),
+        _qwen3_vl_reference,
+        _qwen3_vl_placeholders,
+        lambda src, dst: _edit_processor(src, dst, _merge_size_one),
+    ),
+}

@@ -1,0 +1,106 @@
+"""Every family added for issue 8, against transformers' own model and processor (specs in tests/families.py).
+
+Tiny checkpoints are full VLMs saved by transformers 5 (processor in processor_config.json). fp32 on
+CPU; a tolerance of 1e-5 absolute covers reassociation between a packed and a per-image forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from app.worker import EncoderWorker, TokenDrift
+from models import EncoderAdapter, MetadataError, load_encoder
+from tests.families import FAMILIES, FamilySpec
+from tests.helpers import noise_image
+
+CPU = torch.device("cpu")
+ATOL = 1e-5
+# Landscape, portrait and wide, none a multiple of any patch size.
+IMAGES = [noise_image(120, 90, seed=1), noise_image(64, 200, seed=2), noise_image(300, 160, seed=3)]
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def spec(request: pytest.FixtureRequest) -> FamilySpec:
+    return FAMILIES[request.param]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(spec: FamilySpec, tiny_checkpoint: Callable[..., Path]) -> Path:
+    return tiny_checkpoint(spec.family)
+
+
+@pytest.fixture(scope="module")
+def adapter(checkpoint: Path) -> EncoderAdapter:
+    return load_encoder(checkpoint, device=CPU, dtype=torch.float32)
+
+
+def _rows(adapter: EncoderAdapter, images: list) -> list[torch.Tensor]:  # type: ignore[type-arg]
+    prepared = [adapter.preprocess(image) for image in images]
+    output = adapter.forward(prepared)
+    if output.rows_per_item is not None:
+        assert output.rows_per_item == [p.num_tokens for p in prepared]
+    return list(torch.split(output.rows, [p.num_tokens for p in prepared]))
+
+
+def test_rows_equal_what_the_full_model_splices_in(spec: FamilySpec, checkpoint: Path, adapter: EncoderAdapter) -> None:
+    ours = _rows(adapter, IMAGES)
+    reference = spec.reference(checkpoint, IMAGES, adapter)
+    assert [tuple(r.shape) for r in ours] == [tuple(r.shape) for r in reference]
+    assert all(r.shape[-1] == adapter.hidden_size for r in ours)
+    for got, want in zip(ours, reference, strict=True):
+        torch.testing.assert_close(got, want.float(), atol=ATOL, rtol=0)
+
+
+def test_num_tokens_is_the_processors_placeholder_count(spec: FamilySpec, adapter: EncoderAdapter) -> None:
+    counts = [adapter.preprocess(image).num_tokens for image in IMAGES]
+    assert counts == [spec.placeholders(adapter, image) for image in IMAGES]
+    assert len(set(counts)) > 1 or spec.family in {"gemma3"}  # sizes matter wherever the family lets them
+
+
+def test_a_packed_batch_equals_single_images(adapter: EncoderAdapter) -> None:
+    packed = _rows(adapter, IMAGES)
+    for image, got in zip(IMAGES, packed, strict=True):
+        torch.testing.assert_close(got, _rows(adapter, [image])[0], atol=ATOL, rtol=0)
+
+
+def test_metadata_alone_predicts_the_rows(spec: FamilySpec, adapter: EncoderAdapter) -> None:
+    for image in IMAGES:
+        item = adapter.preprocess(image)
+        assert set(spec.required) <= set(item.metadata)
+        assert adapter.tokens_from_metadata(item.metadata) == item.num_tokens
+        for field in spec.required:
+            partial = {k: v for k, v in item.metadata.items() if k != field}
+            with pytest.raises(MetadataError) as caught:
+                adapter.tokens_from_metadata(partial)
+            assert caught.value.field == field and caught.value.missing
+    assert tuple(adapter.required_metadata) == spec.required
+
+
+async def test_drift_is_caught_per_item(spec: FamilySpec, checkpoint: Path, tmp_path: Path) -> None:
+    drifting = load_encoder(spec.drifting(checkpoint, tmp_path / "drifting"), device=CPU, dtype=torch.float32)
+    items = [drifting.preprocess(image) for image in IMAGES[:2]]
+    worker = EncoderWorker(drifting, max_batch_tokens=100_000, max_batch_items=8, batch_wait_s=0.0, max_queue=8)
+    worker.start()
+    try:
+        with pytest.raises(TokenDrift) as caught:
+            await worker.encode(items)
+    finally:
+        await worker.drain(5)
+    drift = caught.value
+    assert drift.expected == [item.num_tokens for item in items]
+    assert drift.produced is not None and len(drift.produced) == 2
+    assert all(p != e for p, e in zip(drift.produced, drift.expected, strict=True))
+
+
+def test_qwen3_vl_rows_name_their_deepstack_split(tiny_checkpoint: Callable[..., Path]) -> None:
+    adapter = load_encoder(tiny_checkpoint("qwen3_vl"), device=CPU, dtype=torch.float32)
+    item = adapter.preprocess(IMAGES[0])
+    # Tiny Qwen3-VL: out_hidden_size 64, DeepStack at two layers -> [main | level_0 | level_1].
+    assert item.metadata["deepstack_split"] == [64, 64, 64] and adapter.hidden_size == 192
+    with pytest.raises(MetadataError, match="deepstack_split") as caught:
+        adapter.tokens_from_metadata({**item.metadata, "deepstack_split": [64]})
+    assert not caught.value.missing
