@@ -28,6 +28,11 @@ CATALOG: tuple[FamilyInfo, ...] = (
         "`t*h*w / merge_size**2`; width `out_hidden_size * (1 + DeepStack levels)`, "
         "`[main | level_0 | ...]` (metadata `deepstack_split`)",
     ),
+    FamilyInfo(
+        "gemma3",
+        "num_crops (when pan-and-scan is on)",
+        "`(1 + num_crops) * image_seq_length` (pooled SigLIP views)",
+    ),
     FamilyInfo("siglip", *_FIXED),
     FamilyInfo("siglip_vision_model", *_FIXED),
     FamilyInfo("clip", "-", "patches per side squared + 1 class token"),
@@ -36,7 +41,7 @@ CATALOG: tuple[FamilyInfo, ...] = (
 )
 
 # Families ``mmencode make-tiny`` builds (models.tiny.FAMILIES, kept equal by a test).
-TINY_FAMILIES: tuple[str, ...] = ("clip", "internvl", "qwen2_vl", "qwen3_vl", "siglip")
+TINY_FAMILIES: tuple[str, ...] = ("clip", "gemma3", "internvl", "qwen2_vl", "qwen3_vl", "siglip")
 
 
 def catalog_text() -> str:

@@ -15,6 +15,7 @@ from transformers import AutoConfig
 from models.base import EncoderAdapter
 from models.errors import CheckpointError
 from models.fixed import ClipAdapter, SiglipAdapter
+from models.gemma3 import Gemma3Adapter
 from models.internvl import InternVLAdapter
 from models.processor_config import read_processor_config
 from models.qwen2_vl import Qwen2_5_VLAdapter, Qwen2VLAdapter
@@ -54,6 +55,8 @@ _FAMILIES: dict[str, _Family] = {
     "clip_vision_model": _Family(ClipAdapter, _itself),
     # The projector needs the language width, so InternVL is built from the full config.
     "internvl": _Family(InternVLAdapter, _itself),
+    # The projector pools to mm_tokens_per_image and maps to the language width: built from the full config.
+    "gemma3": _Family(Gemma3Adapter, _itself),
 }
 
 

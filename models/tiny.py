@@ -26,6 +26,9 @@ from transformers import (
     CLIPModel,
     CLIPVisionConfig,
     CLIPVisionModel,
+    Gemma3Config,
+    Gemma3ForConditionalGeneration,
+    Gemma3ImageProcessorPil,
     GotOcr2ImageProcessorPil,
     InternVLConfig,
     InternVLForConditionalGeneration,
@@ -188,6 +191,37 @@ def _qwen3_vl(layout: Layout, processor_merge_size: int) -> tuple[PreTrainedMode
     return model, TinyProcessor(processor, "Qwen3VLProcessor", {}, "nested", "Qwen2VLImageProcessorFast")
 
 
+def _gemma3(layout: Layout, _: int) -> tuple[PreTrainedModel, TinyProcessor]:
+    if layout != "full":
+        raise ValueError("Gemma 3 checkpoints only come as full VLMs")
+    vision: dict[str, Any] = {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "image_size": 64,
+        "patch_size": 8,
+    }
+    config = Gemma3Config(
+        text_config={**_TEXT, "head_dim": 32},
+        vision_config=vision,
+        mm_tokens_per_image=16,  # 8x8 patches average-pooled 2x2
+        image_token_index=5,
+        boi_token_index=6,
+        eoi_token_index=7,
+    )
+    model: PreTrainedModel = Gemma3ForConditionalGeneration(config)
+    # Pan-and-scan on, with crop limits small enough for test images: crops vary with the aspect ratio.
+    processor = Gemma3ImageProcessorPil(
+        size={"height": 64, "width": 64},
+        do_pan_and_scan=True,
+        pan_and_scan_min_crop_size=32,
+        pan_and_scan_max_num_crops=4,
+        pan_and_scan_min_ratio_to_activate=1.2,
+    )
+    return model, TinyProcessor(processor, "Gemma3Processor", {"image_seq_length": 16}, "nested")
+
+
 def _siglip(layout: Layout, _: int) -> tuple[PreTrainedModel, TinyProcessor]:
     vision: dict[str, Any] = {
         "hidden_size": 32,
@@ -275,6 +309,7 @@ def _internvl(layout: Layout, _: int) -> tuple[PreTrainedModel, TinyProcessor]:
 FAMILIES: dict[str, Callable[[Layout, int], tuple[PreTrainedModel, TinyProcessor]]] = {
     "qwen2_vl": _qwen2_vl,
     "qwen3_vl": _qwen3_vl,
+    "gemma3": _gemma3,
     "siglip": _siglip,
     "clip": _clip,
     "internvl": _internvl,

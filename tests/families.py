@@ -21,7 +21,14 @@ from typing import Any
 
 import torch
 from PIL import Image
-from transformers import Qwen3VLForConditionalGeneration, Qwen3VLProcessor
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import (
+    Gemma3ForConditionalGeneration,
+    Gemma3Processor,
+    PreTrainedTokenizerFast,
+    Qwen3VLForConditionalGeneration,
+    Qwen3VLProcessor,
+)
 
 from models import EncoderAdapter
 
@@ -34,6 +41,17 @@ def _bare(processor_class: type, **attributes: Any) -> Any:
     for name, value in attributes.items():
         setattr(processor, name, value)
     return processor
+
+
+def tiny_tokenizer(**special: str) -> PreTrainedTokenizerFast:
+    """A word-level tokenizer knowing a family's special tokens (``image_token="<image>"``...)."""
+    words = ["<unk>", "<pad>", "a", *special.values()]
+    backend = Tokenizer(models.WordLevel({word: i for i, word in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.add_special_tokens(list(special.values()))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="<unk>", pad_token="<pad>", extra_special_tokens=special
+    )
 
 
 def _edit_processor(src: Path, dst: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
@@ -80,6 +98,45 @@ def _merge_size_one(whole: dict[str, Any]) -> None:
     whole["image_processor"]["merge_size"] = 1
 
 
+# ----- Gemma 3 -----
+def _gemma3_reference(directory: Path, images: list[Image.Image], adapter: EncoderAdapter) -> list[torch.Tensor]:
+    inputs = adapter.processor(images=images, return_tensors="pt")
+    model = Gemma3ForConditionalGeneration.from_pretrained(directory).eval()
+    with torch.inference_mode():
+        views = model.model.get_image_features(inputs["pixel_values"]).pooler_output
+    # One (mm_tokens_per_image, width) block per view; an image's views are the image then its crops.
+    per_image = torch.split(views, [1 + int(n) for n in inputs["num_crops"]])
+    return [chunk.reshape(-1, chunk.shape[-1]) for chunk in per_image]
+
+
+_PAN_AND_SCAN = (
+    "do_pan_and_scan",
+    "pan_and_scan_min_crop_size",
+    "pan_and_scan_max_num_crops",
+    "pan_and_scan_min_ratio_to_activate",
+)
+
+
+def _gemma3_placeholders(adapter: EncoderAdapter, image: Image.Image) -> int:
+    tokenizer = tiny_tokenizer(
+        image_token="<image_soft_token>", boi_token="<start_of_image>", eoi_token="<end_of_image>"
+    )
+    seq = adapter.processor_config.setting("image_seq_length")
+    processor = Gemma3Processor(image_processor=adapter.processor, tokenizer=tokenizer, image_seq_length=seq)
+    # Gemma3Processor applies its own pan-and-scan defaults (off) unless the call asks, as vLLM's
+    # mm_processor_kwargs do: ask for the checkpoint's settings.
+    settings = {name: getattr(adapter.processor, name) for name in _PAN_AND_SCAN}
+    ids = processor(text=["a <start_of_image>"], images=[[image]], return_tensors="pt", **settings)["input_ids"]
+    return int((ids == tokenizer.convert_tokens_to_ids("<image_soft_token>")).sum())
+
+
+def _image_seq_length(length: int) -> Callable[[dict[str, Any]], None]:
+    def edit(whole: dict[str, Any]) -> None:
+        whole["image_seq_length"] = length
+
+    return edit
+
+
 FAMILIES: dict[str, FamilySpec] = {
     "qwen3_vl": FamilySpec(
         "qwen3_vl",
@@ -87,5 +144,13 @@ FAMILIES: dict[str, FamilySpec] = {
         _qwen3_vl_reference,
         _qwen3_vl_placeholders,
         lambda src, dst: _edit_processor(src, dst, _merge_size_one),
+    ),
+    "gemma3": FamilySpec(
+        "gemma3",
+        ("num_crops",),
+        _gemma3_reference,
+        _gemma3_placeholders,
+        # The processor writes 9 soft tokens per view; the model pools to 16.
+        lambda src, dst: _edit_processor(src, dst, _image_seq_length(9)),
     ),
 }
