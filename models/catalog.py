@@ -33,6 +33,7 @@ CATALOG: tuple[FamilyInfo, ...] = (
         "num_crops (when pan-and-scan is on)",
         "`(1 + num_crops) * image_seq_length` (pooled SigLIP views)",
     ),
+    FamilyInfo("glm4v", *_QWEN2),
     FamilyInfo("siglip", *_FIXED),
     FamilyInfo("siglip_vision_model", *_FIXED),
     FamilyInfo("clip", "-", "patches per side squared + 1 class token"),
@@ -41,7 +42,7 @@ CATALOG: tuple[FamilyInfo, ...] = (
 )
 
 # Families ``mmencode make-tiny`` builds (models.tiny.FAMILIES, kept equal by a test).
-TINY_FAMILIES: tuple[str, ...] = ("clip", "gemma3", "internvl", "qwen2_vl", "qwen3_vl", "siglip")
+TINY_FAMILIES: tuple[str, ...] = ("clip", "gemma3", "glm4v", "internvl", "qwen2_vl", "qwen3_vl", "siglip")
 
 
 def catalog_text() -> str:

@@ -16,6 +16,7 @@ from models.base import EncoderAdapter
 from models.errors import CheckpointError
 from models.fixed import ClipAdapter, SiglipAdapter
 from models.gemma3 import Gemma3Adapter
+from models.glm4v import Glm4vAdapter
 from models.internvl import InternVLAdapter
 from models.processor_config import read_processor_config
 from models.qwen2_vl import Qwen2_5_VLAdapter, Qwen2VLAdapter
@@ -49,6 +50,7 @@ _FAMILIES: dict[str, _Family] = {
     "qwen2_5_vl": _Family(Qwen2_5_VLAdapter, _vision),
     "qwen2_5_vl_vision": _Family(Qwen2_5_VLAdapter, _itself),
     "qwen3_vl": _Family(Qwen3VLAdapter, _vision),
+    "glm4v": _Family(Glm4vAdapter, _vision),
     "siglip": _Family(SiglipAdapter, _vision),
     "siglip_vision_model": _Family(SiglipAdapter, _itself),
     "clip": _Family(ClipAdapter, _vision),

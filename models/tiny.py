@@ -29,6 +29,9 @@ from transformers import (
     Gemma3Config,
     Gemma3ForConditionalGeneration,
     Gemma3ImageProcessorPil,
+    Glm4vConfig,
+    Glm4vForConditionalGeneration,
+    Glm4vImageProcessorPil,
     GotOcr2ImageProcessorPil,
     InternVLConfig,
     InternVLForConditionalGeneration,
@@ -222,6 +225,35 @@ def _gemma3(layout: Layout, _: int) -> tuple[PreTrainedModel, TinyProcessor]:
     return model, TinyProcessor(processor, "Gemma3Processor", {"image_seq_length": 16}, "nested")
 
 
+def _glm4v(layout: Layout, processor_merge_size: int) -> tuple[PreTrainedModel, TinyProcessor]:
+    if layout != "full":
+        raise ValueError("GLM-4.1V checkpoints only come as full VLMs")
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3], "partial_rotary_factor": 0.5}
+    vision: dict[str, Any] = {
+        "depth": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "patch_size": 14,
+        "image_size": 56,  # a 4x4 grid of learned positions, resampled to each image's grid
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "out_hidden_size": 64,
+    }
+    tokens: dict[str, Any] = {
+        "image_token_id": 10,
+        "video_token_id": 11,
+        "image_start_token_id": 12,
+        "image_end_token_id": 13,
+    }
+    config = Glm4vConfig(text_config={**_TEXT, "rope_parameters": rope}, vision_config=vision, **tokens)
+    model: PreTrainedModel = Glm4vForConditionalGeneration(config)
+    # Settings the class reads but does not declare as typed kwargs.
+    grid: dict[str, Any] = {"patch_size": 14, "temporal_patch_size": 2, "merge_size": processor_merge_size}
+    processor = Glm4vImageProcessorPil(size={"shortest_edge": 56 * 56, "longest_edge": 28 * 28 * 64}, **grid)
+    return model, TinyProcessor(processor, "Glm4vProcessor", {}, "nested")
+
+
 def _siglip(layout: Layout, _: int) -> tuple[PreTrainedModel, TinyProcessor]:
     vision: dict[str, Any] = {
         "hidden_size": 32,
@@ -310,6 +342,7 @@ FAMILIES: dict[str, Callable[[Layout, int], tuple[PreTrainedModel, TinyProcessor
     "qwen2_vl": _qwen2_vl,
     "qwen3_vl": _qwen3_vl,
     "gemma3": _gemma3,
+    "glm4v": _glm4v,
     "siglip": _siglip,
     "clip": _clip,
     "internvl": _internvl,

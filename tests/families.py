@@ -25,6 +25,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (
     Gemma3ForConditionalGeneration,
     Gemma3Processor,
+    Glm4vForConditionalGeneration,
+    Glm4vProcessor,
     PreTrainedTokenizerFast,
     Qwen3VLForConditionalGeneration,
     Qwen3VLProcessor,
@@ -94,8 +96,9 @@ def _qwen3_vl_placeholders(adapter: EncoderAdapter, image: Image.Image) -> int:
     return str(processor.replace_image_token(inputs, 0)).count("<|image_pad|>")
 
 
-def _merge_size_one(whole: dict[str, Any]) -> None:
-    whole["image_processor"]["merge_size"] = 1
+def _merge_size_four(whole: dict[str, Any]) -> None:
+    # The processor groups 4x4 patches per placeholder; the tower still merges 2x2 (grids stay even).
+    whole["image_processor"]["merge_size"] = 4
 
 
 # ----- Gemma 3 -----
@@ -137,13 +140,27 @@ def _image_seq_length(length: int) -> Callable[[dict[str, Any]], None]:
     return edit
 
 
+# ----- GLM-4.1V -----
+def _glm4v_reference(directory: Path, images: list[Image.Image], adapter: EncoderAdapter) -> list[torch.Tensor]:
+    inputs = adapter.processor(images=images, return_tensors="pt")
+    model = Glm4vForConditionalGeneration.from_pretrained(directory).eval()
+    with torch.inference_mode():
+        return list(model.model.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"]).pooler_output)
+
+
+def _glm4v_placeholders(adapter: EncoderAdapter, image: Image.Image) -> int:
+    processor = _bare(Glm4vProcessor, image_processor=adapter.processor, image_token="<|image|>")
+    inputs = adapter.processor(images=[image], return_tensors="pt")
+    return str(processor.replace_image_token(inputs, 0)).count("<|image|>")
+
+
 FAMILIES: dict[str, FamilySpec] = {
     "qwen3_vl": FamilySpec(
         "qwen3_vl",
         ("image_grid_thw",),
         _qwen3_vl_reference,
         _qwen3_vl_placeholders,
-        lambda src, dst: _edit_processor(src, dst, _merge_size_one),
+        lambda src, dst: _edit_processor(src, dst, _merge_size_four),
     ),
     "gemma3": FamilySpec(
         "gemma3",
@@ -152,5 +169,12 @@ FAMILIES: dict[str, FamilySpec] = {
         _gemma3_placeholders,
         # The processor writes 9 soft tokens per view; the model pools to 16.
         lambda src, dst: _edit_processor(src, dst, _image_seq_length(9)),
+    ),
+    "glm4v": FamilySpec(
+        "glm4v",
+        ("image_grid_thw",),
+        _glm4v_reference,
+        _glm4v_placeholders,
+        lambda src, dst: _edit_processor(src, dst, _merge_size_four),
     ),
 }
