@@ -16,6 +16,7 @@ class FamilyInfo(NamedTuple):
 
 _QWEN2 = ("image_grid_thw", "`t*h*w / merge_size**2`")
 _FIXED = ("-", "patches per side squared")
+_CROP_GRID = ("crop_grid", "`(rows * cols + 1) * image_seq_len` (crops + global view; `image_seq_len` without a grid)")
 
 CATALOG: tuple[FamilyInfo, ...] = (
     FamilyInfo("qwen2_vl", *_QWEN2),
@@ -34,6 +35,8 @@ CATALOG: tuple[FamilyInfo, ...] = (
         "`(1 + num_crops) * image_seq_length` (pooled SigLIP views)",
     ),
     FamilyInfo("glm4v", *_QWEN2),
+    FamilyInfo("idefics3", *_CROP_GRID),
+    FamilyInfo("smolvlm", *_CROP_GRID),
     FamilyInfo("siglip", *_FIXED),
     FamilyInfo("siglip_vision_model", *_FIXED),
     FamilyInfo("clip", "-", "patches per side squared + 1 class token"),
@@ -42,7 +45,17 @@ CATALOG: tuple[FamilyInfo, ...] = (
 )
 
 # Families ``mmencode make-tiny`` builds (models.tiny.FAMILIES, kept equal by a test).
-TINY_FAMILIES: tuple[str, ...] = ("clip", "gemma3", "glm4v", "internvl", "qwen2_vl", "qwen3_vl", "siglip")
+TINY_FAMILIES: tuple[str, ...] = (
+    "clip",
+    "gemma3",
+    "glm4v",
+    "idefics3",
+    "internvl",
+    "qwen2_vl",
+    "qwen3_vl",
+    "siglip",
+    "smolvlm",
+)
 
 
 def catalog_text() -> str:

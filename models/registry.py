@@ -17,6 +17,7 @@ from models.errors import CheckpointError
 from models.fixed import ClipAdapter, SiglipAdapter
 from models.gemma3 import Gemma3Adapter
 from models.glm4v import Glm4vAdapter
+from models.idefics3 import Idefics3Adapter, SmolVLMAdapter
 from models.internvl import InternVLAdapter
 from models.processor_config import read_processor_config
 from models.qwen2_vl import Qwen2_5_VLAdapter, Qwen2VLAdapter
@@ -51,6 +52,8 @@ _FAMILIES: dict[str, _Family] = {
     "qwen2_5_vl_vision": _Family(Qwen2_5_VLAdapter, _itself),
     "qwen3_vl": _Family(Qwen3VLAdapter, _vision),
     "glm4v": _Family(Glm4vAdapter, _vision),
+    "idefics3": _Family(Idefics3Adapter, _itself),
+    "smolvlm": _Family(SmolVLMAdapter, _itself),
     "siglip": _Family(SiglipAdapter, _vision),
     "siglip_vision_model": _Family(SiglipAdapter, _itself),
     "clip": _Family(ClipAdapter, _vision),

@@ -33,6 +33,9 @@ from transformers import (
     Glm4vForConditionalGeneration,
     Glm4vImageProcessorPil,
     GotOcr2ImageProcessorPil,
+    Idefics3Config,
+    Idefics3ForConditionalGeneration,
+    Idefics3ImageProcessorPil,
     InternVLConfig,
     InternVLForConditionalGeneration,
     InternVLVisionConfig,
@@ -49,6 +52,9 @@ from transformers import (
     SiglipModel,
     SiglipVisionConfig,
     SiglipVisionModel,
+    SmolVLMConfig,
+    SmolVLMForConditionalGeneration,
+    SmolVLMImageProcessorPil,
 )
 from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
 from transformers.utils import logging as hf_logging
@@ -254,6 +260,38 @@ def _glm4v(layout: Layout, processor_merge_size: int) -> tuple[PreTrainedModel, 
     return model, TinyProcessor(processor, "Glm4vProcessor", {}, "nested")
 
 
+def _idefics3(layout: Layout, _: int, *, smolvlm: bool = False) -> tuple[PreTrainedModel, TinyProcessor]:
+    if layout != "full":
+        raise ValueError("Idefics3 / SmolVLM checkpoints only come as full VLMs")
+    vision: dict[str, Any] = {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "image_size": 64,
+        "patch_size": 8,
+    }
+    text = {**_TEXT, "model_type": "llama"}
+    # 8x8 patches per 64-pixel view, pixel-shuffled by 2: 16 rows per view.
+    settings: dict[str, Any] = {"image_seq_len": 16}
+    sizes: dict[str, Any] = {"size": {"longest_edge": 128}, "max_image_size": {"longest_edge": 64}}
+    if smolvlm:
+        model: PreTrainedModel = SmolVLMForConditionalGeneration(
+            SmolVLMConfig(text_config=text, vision_config=vision, scale_factor=2, image_token_id=5)
+        )
+        processor: Any = SmolVLMImageProcessorPil(do_image_splitting=True, **sizes)
+        return model, TinyProcessor(processor, "SmolVLMProcessor", settings, "nested")
+    model = Idefics3ForConditionalGeneration(
+        Idefics3Config(text_config=text, vision_config=vision, scale_factor=2, image_token_id=5)
+    )
+    processor = Idefics3ImageProcessorPil(do_image_splitting=True, **sizes)
+    return model, TinyProcessor(processor, "Idefics3Processor", settings, "nested")
+
+
+def _smolvlm(layout: Layout, merge: int) -> tuple[PreTrainedModel, TinyProcessor]:
+    return _idefics3(layout, merge, smolvlm=True)
+
+
 def _siglip(layout: Layout, _: int) -> tuple[PreTrainedModel, TinyProcessor]:
     vision: dict[str, Any] = {
         "hidden_size": 32,
@@ -343,6 +381,8 @@ FAMILIES: dict[str, Callable[[Layout, int], tuple[PreTrainedModel, TinyProcessor
     "qwen3_vl": _qwen3_vl,
     "gemma3": _gemma3,
     "glm4v": _glm4v,
+    "idefics3": _idefics3,
+    "smolvlm": _smolvlm,
     "siglip": _siglip,
     "clip": _clip,
     "internvl": _internvl,

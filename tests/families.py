@@ -27,9 +27,13 @@ from transformers import (
     Gemma3Processor,
     Glm4vForConditionalGeneration,
     Glm4vProcessor,
+    Idefics3ForConditionalGeneration,
+    Idefics3Processor,
     PreTrainedTokenizerFast,
     Qwen3VLForConditionalGeneration,
     Qwen3VLProcessor,
+    SmolVLMForConditionalGeneration,
+    SmolVLMProcessor,
 )
 
 from models import EncoderAdapter
@@ -154,6 +158,55 @@ def _glm4v_placeholders(adapter: EncoderAdapter, image: Image.Image) -> int:
     return str(processor.replace_image_token(inputs, 0)).count("<|image|>")
 
 
+# ----- Idefics3 / SmolVLM -----
+def _idefics3_reference(directory: Path, images: list[Image.Image], adapter: EncoderAdapter) -> list[torch.Tensor]:
+    # All three images in one processor call, padded to the same view count as transformers batches them.
+    inputs = adapter.processor(images=[[image] for image in images], return_tensors="pt")
+    model_class: Any = (
+        SmolVLMForConditionalGeneration if adapter.family == "smolvlm" else Idefics3ForConditionalGeneration
+    )
+    model = model_class.from_pretrained(directory).eval()
+    with torch.inference_mode():
+        out = model.model.get_image_features(inputs["pixel_values"], inputs["pixel_attention_mask"])
+    return list(out.pooler_output)
+
+
+_IDEFICS3_TOKENS = {
+    "image_token": "<image>",
+    "fake_image_token": "<fake_token_around_image>",
+    "global_image_token": "<global-img>",
+    "end_of_utterance_token": "<end_of_utterance>",
+}
+
+
+def _idefics3_placeholders(adapter: EncoderAdapter, image: Image.Image) -> int:
+    seq = adapter.processor_config.setting("image_seq_len")
+    inputs = adapter.processor(images=[[image]], return_tensors="pt", return_row_col_info=True)
+    if adapter.family == "idefics3":
+        # The real processor, with a tokenizer: count the <image> ids it writes.
+        tokenizer = tiny_tokenizer(**_IDEFICS3_TOKENS)
+        processor = Idefics3Processor(image_processor=adapter.processor, tokenizer=tokenizer, image_seq_len=seq)
+        ids = processor(text=["a <image>"], images=[[image]], return_tensors="pt")["input_ids"]
+        return int((ids == tokenizer.convert_tokens_to_ids("<image>")).sum())
+    # SmolVLMProcessor bundles a video processor (torchvision): its own prompt builder, on a bare instance.
+    processor = _bare(
+        SmolVLMProcessor,
+        image_processor=adapter.processor,
+        image_seq_len=seq,
+        image_token="<image>",
+        fake_image_token="<fake_token_around_image>",
+        global_image_token="<global-img>",
+    )
+    return str(processor.replace_image_token(inputs, 0)).count("<image>")
+
+
+def _image_seq_len(length: int) -> Callable[[dict[str, Any]], None]:
+    def edit(whole: dict[str, Any]) -> None:
+        whole["image_seq_len"] = length
+
+    return edit
+
+
 FAMILIES: dict[str, FamilySpec] = {
     "qwen3_vl": FamilySpec(
         "qwen3_vl",
@@ -177,4 +230,15 @@ FAMILIES: dict[str, FamilySpec] = {
         _glm4v_placeholders,
         lambda src, dst: _edit_processor(src, dst, _merge_size_four),
     ),
+    **{
+        family: FamilySpec(
+            family,
+            ("crop_grid",),
+            _idefics3_reference,
+            _idefics3_placeholders,
+            # The processor writes 9 <image> tokens per view; the connector yields 16.
+            lambda src, dst: _edit_processor(src, dst, _image_seq_len(9)),
+        )
+        for family in ("idefics3", "smolvlm")
+    },
 }
