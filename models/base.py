@@ -103,12 +103,16 @@ class EncoderAdapter(abc.ABC):
     # ----- shared behaviour -----
     def forward(self, items: Sequence[PreparedImage]) -> EncoderOutput:
         """Encode a batch. Blocking: call it from the worker's thread, never from the event loop."""
-        batch = {name: torch.cat([item.tensors[name] for item in items]).to(self.device) for name in items[0].tensors}
+        batch = {name: tensor.to(self.device) for name, tensor in self.collate(items).items()}
         if "pixel_values" in batch:
             batch["pixel_values"] = batch["pixel_values"].to(self.dtype)
         with torch.inference_mode():
             out = self._forward(batch, items)
         return EncoderOutput(rows=out.rows.float().cpu(), rows_per_item=out.rows_per_item)
+
+    def collate(self, items: Sequence[PreparedImage]) -> dict[str, torch.Tensor]:
+        """Join the items' tensors into one batch; families whose images keep their own sizes pad here."""
+        return {name: torch.cat([item.tensors[name] for item in items]) for name in items[0].tensors}
 
     def warmup_image(self) -> Image.Image:
         """A small image for the warm-up forward that readiness waits on.

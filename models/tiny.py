@@ -39,6 +39,9 @@ from transformers import (
     InternVLConfig,
     InternVLForConditionalGeneration,
     InternVLVisionConfig,
+    Mistral3Config,
+    Mistral3ForConditionalGeneration,
+    PixtralImageProcessorPil,
     PreTrainedModel,
     Qwen2Config,
     Qwen2VLConfig,
@@ -292,6 +295,34 @@ def _smolvlm(layout: Layout, merge: int) -> tuple[PreTrainedModel, TinyProcessor
     return _idefics3(layout, merge, smolvlm=True)
 
 
+def _mistral3(layout: Layout, _: int) -> tuple[PreTrainedModel, TinyProcessor]:
+    if layout != "full":
+        raise ValueError("Mistral 3 checkpoints only come as full VLMs")
+    vision: dict[str, Any] = {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "head_dim": 16,
+        "image_size": 128,
+        "patch_size": 8,
+    }
+    config = Mistral3Config(
+        text_config={**_TEXT, "head_dim": 32}, vision_config=vision, spatial_merge_size=2, image_token_index=5
+    )
+    model: PreTrainedModel = Mistral3ForConditionalGeneration(config)
+    processor = PixtralImageProcessorPil(size={"longest_edge": 128}, patch_size={"height": 8, "width": 8})
+    # PixtralProcessor's own settings, as the Mistral 3 repos ship them in processor_config.json.
+    settings = {
+        "patch_size": 8,
+        "spatial_merge_size": 2,
+        "image_token": "[IMG]",
+        "image_break_token": "[IMG_BREAK]",
+        "image_end_token": "[IMG_END]",
+    }
+    return model, TinyProcessor(processor, "PixtralProcessor", settings, "nested")
+
+
 def _siglip(layout: Layout, _: int) -> tuple[PreTrainedModel, TinyProcessor]:
     vision: dict[str, Any] = {
         "hidden_size": 32,
@@ -383,6 +414,7 @@ FAMILIES: dict[str, Callable[[Layout, int], tuple[PreTrainedModel, TinyProcessor
     "glm4v": _glm4v,
     "idefics3": _idefics3,
     "smolvlm": _smolvlm,
+    "mistral3": _mistral3,
     "siglip": _siglip,
     "clip": _clip,
     "internvl": _internvl,

@@ -29,6 +29,7 @@ from transformers import (
     Glm4vProcessor,
     Idefics3ForConditionalGeneration,
     Idefics3Processor,
+    Mistral3ForConditionalGeneration,
     PreTrainedTokenizerFast,
     Qwen3VLForConditionalGeneration,
     Qwen3VLProcessor,
@@ -207,6 +208,32 @@ def _image_seq_len(length: int) -> Callable[[dict[str, Any]], None]:
     return edit
 
 
+# ----- Mistral 3 -----
+def _mistral3_reference(directory: Path, images: list[Image.Image], adapter: EncoderAdapter) -> list[torch.Tensor]:
+    inputs = adapter.processor(images=images, return_tensors="pt")  # padded to the largest, with image_sizes
+    model = Mistral3ForConditionalGeneration.from_pretrained(directory).eval()
+    with torch.inference_mode():
+        return list(model.model.get_image_features(inputs["pixel_values"], inputs["image_sizes"]).pooler_output)
+
+
+def _mistral3_placeholders(adapter: EncoderAdapter, image: Image.Image) -> int:
+    # transformers' PixtralProcessor module does not import without torchvision. Its
+    # replace_image_token (models/pixtral/processing_pixtral.py, 5.24), line for line: one [IMG] per
+    # merged patch, an [IMG_BREAK] closing each row, the last one turned into [IMG_END].
+    settings = adapter.processor_config.processor
+    patch_size = settings["patch_size"] * settings["spatial_merge_size"]
+    height, width = adapter.processor(images=[image], return_tensors="pt")["image_sizes"][0].tolist()
+    num_height_tokens, num_width_tokens = height // patch_size, width // patch_size
+    replace_tokens = [["[IMG]"] * num_width_tokens + ["[IMG_BREAK]"]] * num_height_tokens
+    replace_tokens = [item for sublist in replace_tokens for item in sublist]
+    replace_tokens[-1] = "[IMG_END]"
+    return replace_tokens.count("[IMG]")
+
+
+def _spatial_merge_size_one(whole: dict[str, Any]) -> None:
+    whole["spatial_merge_size"] = 1
+
+
 FAMILIES: dict[str, FamilySpec] = {
     "qwen3_vl": FamilySpec(
         "qwen3_vl",
@@ -241,4 +268,12 @@ FAMILIES: dict[str, FamilySpec] = {
         )
         for family in ("idefics3", "smolvlm")
     },
+    "mistral3": FamilySpec(
+        "mistral3",
+        ("image_sizes",),
+        _mistral3_reference,
+        _mistral3_placeholders,
+        # The processor counts one [IMG] per patch; the projector merges 2x2.
+        lambda src, dst: _edit_processor(src, dst, _spatial_merge_size_one),
+    ),
 }
