@@ -39,6 +39,9 @@ from transformers import (
     InternVLConfig,
     InternVLForConditionalGeneration,
     InternVLVisionConfig,
+    LlavaOnevisionConfig,
+    LlavaOnevisionForConditionalGeneration,
+    LlavaOnevisionImageProcessorPil,
     Mistral3Config,
     Mistral3ForConditionalGeneration,
     PixtralImageProcessorPil,
@@ -323,6 +326,41 @@ def _mistral3(layout: Layout, _: int) -> tuple[PreTrainedModel, TinyProcessor]:
     return model, TinyProcessor(processor, "PixtralProcessor", settings, "nested")
 
 
+def _llava_onevision(layout: Layout, _: int) -> tuple[PreTrainedModel, TinyProcessor]:
+    if layout != "full":
+        raise ValueError("LLaVA-OneVision checkpoints only come as full VLMs")
+    vision: dict[str, Any] = {
+        "model_type": "siglip_vision_model",
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "image_size": 32,
+        "patch_size": 8,
+    }
+    # Grids of up to 3x3 tiles of 32 pixels; anyres_max_4 makes the biggest maps shrink, as 9 does for real.
+    pinpoints = [[32 * h, 32 * w] for h in (1, 2, 3) for w in (1, 2, 3)]
+    config = LlavaOnevisionConfig(
+        text_config={**_TEXT, "model_type": "qwen2"},
+        vision_config=vision,
+        image_grid_pinpoints=pinpoints,
+        vision_feature_layer=-1,
+        vision_feature_select_strategy="full",
+        vision_aspect_ratio="anyres_max_4",
+        image_token_index=5,
+        video_token_index=6,
+    )
+    model: PreTrainedModel = LlavaOnevisionForConditionalGeneration(config)
+    processor = LlavaOnevisionImageProcessorPil(size={"height": 32, "width": 32}, image_grid_pinpoints=pinpoints)
+    settings = {
+        "num_image_tokens": 16,  # 4x4 patches per tile
+        "vision_feature_select_strategy": "full",
+        "vision_aspect_ratio": "anyres_max_4",
+        "image_token": "<image>",
+    }
+    return model, TinyProcessor(processor, "LlavaOnevisionProcessor", settings, "nested")
+
+
 def _siglip(layout: Layout, _: int) -> tuple[PreTrainedModel, TinyProcessor]:
     vision: dict[str, Any] = {
         "hidden_size": 32,
@@ -415,6 +453,7 @@ FAMILIES: dict[str, Callable[[Layout, int], tuple[PreTrainedModel, TinyProcessor
     "idefics3": _idefics3,
     "smolvlm": _smolvlm,
     "mistral3": _mistral3,
+    "llava_onevision": _llava_onevision,
     "siglip": _siglip,
     "clip": _clip,
     "internvl": _internvl,

@@ -29,6 +29,8 @@ from transformers import (
     Glm4vProcessor,
     Idefics3ForConditionalGeneration,
     Idefics3Processor,
+    LlavaOnevisionForConditionalGeneration,
+    LlavaOnevisionProcessor,
     Mistral3ForConditionalGeneration,
     PreTrainedTokenizerFast,
     Qwen3VLForConditionalGeneration,
@@ -234,6 +236,44 @@ def _spatial_merge_size_one(whole: dict[str, Any]) -> None:
     whole["spatial_merge_size"] = 1
 
 
+# ----- LLaVA-OneVision -----
+def _llava_onevision_reference(
+    directory: Path, images: list[Image.Image], adapter: EncoderAdapter
+) -> list[torch.Tensor]:
+    inputs = adapter.processor(images=images, return_tensors="pt")  # tiles padded to the largest count
+    model = LlavaOnevisionForConditionalGeneration.from_pretrained(directory).eval()
+    config = model.config
+    with torch.inference_mode():
+        packed = model.model.get_image_features(
+            inputs["pixel_values"],
+            inputs["image_sizes"],
+            vision_feature_layer=config.vision_feature_layer,
+            vision_feature_select_strategy=config.vision_feature_select_strategy,
+            vision_aspect_ratio=config.vision_aspect_ratio,
+            batch_num_images=inputs["batch_num_images"],
+        ).pooler_output
+    return list(packed)  # one tensor per image: base tile, unpadded map, newlines
+
+
+def _llava_onevision_placeholders(adapter: EncoderAdapter, image: Image.Image) -> int:
+    settings = adapter.processor_config.processor
+    processor = _bare(
+        LlavaOnevisionProcessor,
+        image_processor=adapter.processor,
+        image_token="<image>",
+        num_image_tokens=settings["num_image_tokens"],
+        vision_feature_select_strategy=settings["vision_feature_select_strategy"],
+        vision_aspect_ratio=settings["vision_aspect_ratio"],
+    )
+    inputs = adapter.processor(images=[image], return_tensors="pt")
+    return str(processor.replace_image_token(inputs, 0)).count("<image>")
+
+
+def _num_image_tokens(whole: dict[str, Any]) -> None:
+    # The processor believes in 5x5 patches per tile; the tower makes 4x4.
+    whole["num_image_tokens"] = 25
+
+
 FAMILIES: dict[str, FamilySpec] = {
     "qwen3_vl": FamilySpec(
         "qwen3_vl",
@@ -275,5 +315,12 @@ FAMILIES: dict[str, FamilySpec] = {
         _mistral3_placeholders,
         # The processor counts one [IMG] per patch; the projector merges 2x2.
         lambda src, dst: _edit_processor(src, dst, _spatial_merge_size_one),
+    ),
+    "llava_onevision": FamilySpec(
+        "llava_onevision",
+        ("image_sizes",),
+        _llava_onevision_reference,
+        _llava_onevision_placeholders,
+        lambda src, dst: _edit_processor(src, dst, _num_image_tokens),
     ),
 }
