@@ -16,9 +16,11 @@ from typing import Any, ClassVar
 
 import torch
 from PIL import Image
+from transformers import AutoConfig
 
 from models.errors import MetadataError
-from models.processor_config import ProcessorConfig
+from models.processor_config import ProcessorConfig, read_processor_config
+from models.weights import KeyMap
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +55,8 @@ class EncoderAdapter(abc.ABC):
     processor_class: ClassVar[type]
     # Where the encoder's weights may sit in a checkpoint: candidate key prefixes.
     weight_prefixes: ClassVar[tuple[str, ...]] = ("",)
+    # For checkpoints in another project's layout: where each module tensor sits instead.
+    key_map: ClassVar[KeyMap | None] = None
 
     def __init__(
         self,
@@ -76,6 +80,16 @@ class EncoderAdapter(abc.ABC):
         self.fingerprint = fingerprint
         # The checkpoint's processor-level settings (``image_seq_length``...), read, never hard-coded.
         self.processor_config = processor_config or ProcessorConfig(image_processor={})
+
+    @classmethod
+    def load_config(cls, checkpoint: Path) -> Any:
+        """The checkpoint's transformers config (families in other layouts convert theirs here)."""
+        return AutoConfig.from_pretrained(checkpoint, local_files_only=True)
+
+    @classmethod
+    def load_processor_config(cls, checkpoint: Path, config: Any) -> ProcessorConfig:
+        """The processor settings the checkpoint ships (see :mod:`models.processor_config`)."""
+        return read_processor_config(checkpoint)
 
     @classmethod
     def build_processor(cls, config: ProcessorConfig) -> Any:

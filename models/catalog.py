@@ -52,6 +52,11 @@ CATALOG: tuple[FamilyInfo, ...] = (
     FamilyInfo("clip", "-", "patches per side squared + 1 class token"),
     FamilyInfo("clip_vision_model", "-", "patches per side squared + 1 class token"),
     FamilyInfo("internvl", "num_patches", "`num_patches * rows_per_tile` (tiles + thumbnail)"),
+    FamilyInfo(
+        "internvl_chat",
+        "num_patches",
+        "`num_patches * rows_per_tile` (OpenGVLab layout; tiling from config.json's dynamic_preprocess settings)",
+    ),
 )
 
 # Families ``mmencode make-tiny`` builds (models.tiny.FAMILIES, kept equal by a test).
@@ -61,6 +66,7 @@ TINY_FAMILIES: tuple[str, ...] = (
     "glm4v",
     "idefics3",
     "internvl",
+    "internvl_chat",
     "llava_onevision",
     "mistral3",
     "qwen2_vl",

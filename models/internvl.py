@@ -8,15 +8,20 @@ precomputed item cannot be checked without ``num_patches``: it is mandatory meta
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 from PIL import Image
-from transformers import AutoModel, GotOcr2ImageProcessorPil, InternVLConfig
+from transformers import AutoModel, GotOcr2ImageProcessorPil, InternVLConfig, InternVLVisionConfig, Qwen2Config
 from transformers.models.internvl.modeling_internvl import InternVLMultiModalProjector
 
 from models.base import EncoderAdapter, EncoderOutput, PreparedImage
+from models.errors import CheckpointError
+from models.processor_config import ProcessorConfig
+from models.weights import KeyMap, load_config_json
 
 
 class InternVLEncoder(torch.nn.Module):
@@ -73,8 +78,10 @@ class InternVLAdapter(EncoderAdapter):
         return int(patches * self.config.downsample_ratio**2)
 
     def preprocess(self, image: Image.Image) -> PreparedImage:
-        # InternVLProcessor always asks for tiles; the image processor's own default is off.
-        out = self.processor(images=[image], crop_to_patches=True, return_tensors="pt")
+        # InternVLProcessor always asks for tiles (the image processor's own default is off); an
+        # OpenGVLab config may turn dynamic tiling off (dynamic_image_size).
+        crop = bool(self.processor_config.processor.get("crop_to_patches", True))
+        out = self.processor(images=[image], crop_to_patches=crop, return_tensors="pt")
         num_patches = int(out["num_patches"][0])
         return PreparedImage(
             tensors={"pixel_values": out["pixel_values"]},
@@ -90,3 +97,108 @@ class InternVLAdapter(EncoderAdapter):
         count, rows, width = tiles.shape
         per_item = [item.metadata["num_patches"] * rows for item in items]
         return EncoderOutput(rows=tiles.reshape(count * rows, width), rows_per_item=per_item)
+
+
+# ----- OpenGVLab's own layout: model_type "internvl_chat" (InternVL2 / 2.5 / 3 repos) -----
+
+_IMAGENET_MEAN = [0.485, 0.456, 0.406]
+_IMAGENET_STD = [0.229, 0.224, 0.225]
+# Module tensor name fragments -> OpenGVLab's (InternVisionModel / InternVLChatModel) names.
+_RENAMES = (
+    (".embeddings.cls_token", ".embeddings.class_embedding"),
+    (".embeddings.position_embeddings", ".embeddings.position_embedding"),
+    (".embeddings.patch_embeddings.projection.", ".embeddings.patch_embedding."),
+    (".lambda_1", ".ls1"),
+    (".lambda_2", ".ls2"),
+    (".attention.projection_layer.", ".attn.proj."),
+    (".attention.q_norm.", ".attn.q_norm."),
+    (".attention.k_norm.", ".attn.k_norm."),
+    (".layernorm_before.", ".norm1."),
+    (".layernorm_after.", ".norm2."),
+)
+_PROJECTOR = (("layer_norm.", "mlp1.0."), ("linear_1.", "mlp1.1."), ("linear_2.", "mlp1.3."))
+_FUSED_QKV = re.compile(r"\.attention\.([qkv])_proj\.(weight|bias)$")
+
+
+def opengvlab_key(name: str) -> tuple[str, int | None]:
+    """Where a tensor of :class:`InternVLEncoder` sits in an OpenGVLab checkpoint, and which third of
+    the fused ``attn.qkv`` it is (the same renames transformers applies when it converts these repos)."""
+    if name.startswith("multi_modal_projector."):
+        rest = name.removeprefix("multi_modal_projector.")
+        for ours, theirs in _PROJECTOR:
+            if rest.startswith(ours):
+                return theirs + rest.removeprefix(ours), None
+        return "mlp1." + rest, None
+    key = "vision_model." + name.removeprefix("vision_tower.")
+    key = re.sub(r"\.encoder\.layer\.(\d+)\.", r".encoder.layers.\1.", key)
+    for ours, theirs in _RENAMES:
+        key = key.replace(ours, theirs)
+    fused = _FUSED_QKV.search(key)
+    if fused:
+        return f"{key[: fused.start()]}.attn.qkv.{fused.group(2)}", "qkv".index(fused.group(1))
+    return key, None
+
+
+class InternVLChatAdapter(InternVLAdapter):
+    """InternVL as OpenGVLab ships it: ``vision_model.*`` (fused qkv) and ``mlp1.*`` keys, settings in
+    config.json (``force_image_size``, ``downsample_ratio``, ``select_layer``, ``max_dynamic_patch``...),
+    and ``dynamic_preprocess`` tiling, which GotOcr2's ``crop_to_patches`` reproduces (aspect-ratio
+    grid of ``min..max_dynamic_patch`` tiles, plus a thumbnail when there is more than one)."""
+
+    key_map = KeyMap(roots=("vision_model.", "mlp1."), source=opengvlab_key)
+
+    @classmethod
+    def load_config(cls, checkpoint: Path) -> Any:
+        raw: dict[str, Any] = load_config_json(checkpoint)
+        vision, llm = raw.get("vision_config"), raw.get("llm_config")
+        if not isinstance(vision, dict) or not isinstance(llm, dict):
+            raise CheckpointError(f"{checkpoint}/config.json: internvl_chat needs vision_config and llm_config")
+        if raw.get("ps_version", "v2") != "v2":
+            raise CheckpointError(f"{checkpoint}: pixel shuffle {raw['ps_version']!r} is not supported (only v2)")
+        size = int(raw.get("force_image_size") or vision["image_size"])
+        patch = int(vision["patch_size"])
+        tower = InternVLVisionConfig(
+            hidden_size=vision["hidden_size"],
+            intermediate_size=vision["intermediate_size"],
+            num_hidden_layers=vision["num_hidden_layers"],
+            num_attention_heads=vision["num_attention_heads"],
+            image_size=[size, size],
+            patch_size=[patch, patch],
+            attention_bias=bool(vision.get("qkv_bias", True)),
+            use_qk_norm=bool(vision.get("qk_normalization", False)),
+            norm_type=vision.get("norm_type", "layer_norm"),
+            layer_norm_eps=float(vision.get("layer_norm_eps", 1e-6)),
+            hidden_act=vision.get("hidden_act", "gelu"),
+            use_mean_pooling=True,  # InternViT has no final norm
+        )
+        # Only the language width matters here: the projector maps onto it.
+        text = Qwen2Config(hidden_size=int(llm["hidden_size"]))
+        return InternVLConfig(
+            vision_config=tower.to_dict(),
+            text_config=text.to_dict(),
+            downsample_ratio=float(raw.get("downsample_ratio", 0.5)),
+            vision_feature_layer=int(raw.get("select_layer", -1)),
+            vision_feature_select_strategy="default",  # OpenGVLab drops the class token
+        )
+
+    @classmethod
+    def load_processor_config(cls, checkpoint: Path, config: Any) -> ProcessorConfig:
+        # The repos' preprocessor_config.json (a CLIP processor) is not what their code runs: the
+        # tiling settings live in config.json, which the fingerprint already covers.
+        raw: dict[str, Any] = load_config_json(checkpoint)
+        dynamic = bool(raw.get("dynamic_image_size", True))
+        if dynamic and not raw.get("use_thumbnail", True):
+            raise CheckpointError(
+                f"{checkpoint}: dynamic tiling without a thumbnail (use_thumbnail false) is not supported"
+            )
+        size = int(config.vision_config.image_size[0])
+        image_processor = {
+            "size": {"height": size, "width": size},
+            "crop_to_patches": dynamic,
+            "min_patches": int(raw.get("min_dynamic_patch", 1)),
+            "max_patches": int(raw.get("max_dynamic_patch", 12)),
+            "image_mean": _IMAGENET_MEAN,
+            "image_std": _IMAGENET_STD,
+            "resample": 3,  # bicubic, as OpenGVLab's transform
+        }
+        return ProcessorConfig(image_processor, {"crop_to_patches": dynamic}, ())

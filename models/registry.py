@@ -10,7 +10,6 @@ from typing import Any
 
 import blake3
 import torch
-from transformers import AutoConfig
 
 from models.base import EncoderAdapter
 from models.errors import CheckpointError
@@ -18,10 +17,9 @@ from models.fixed import ClipAdapter, SiglipAdapter
 from models.gemma3 import Gemma3Adapter
 from models.glm4v import Glm4vAdapter
 from models.idefics3 import Idefics3Adapter, SmolVLMAdapter
-from models.internvl import InternVLAdapter
+from models.internvl import InternVLAdapter, InternVLChatAdapter
 from models.llava_onevision import LlavaOnevisionAdapter
 from models.mistral3 import Mistral3Adapter
-from models.processor_config import read_processor_config
 from models.qwen2_vl import Qwen2_5_VLAdapter, Qwen2VLAdapter
 from models.qwen3_vl import Qwen3VLAdapter
 from models.weights import load_config_json, load_encoder_weights
@@ -64,6 +62,8 @@ _FAMILIES: dict[str, _Family] = {
     "clip_vision_model": _Family(ClipAdapter, _itself),
     # The projector needs the language width, so InternVL is built from the full config.
     "internvl": _Family(InternVLAdapter, _itself),
+    # OpenGVLab's own layout (the InternVL2/2.5/3 repos), mapped onto the same tower and projector.
+    "internvl_chat": _Family(InternVLChatAdapter, _itself),
     # The projector pools to mm_tokens_per_image and maps to the language width: built from the full config.
     "gemma3": _Family(Gemma3Adapter, _itself),
 }
@@ -87,9 +87,9 @@ def load_encoder(checkpoint: Path | str, *, device: torch.device, dtype: torch.d
             f"model_type {model_type!r} in {checkpoint}/config.json is not supported; supported: {sorted(_FAMILIES)}"
         )
     adapter_cls = family.adapter
-    config = AutoConfig.from_pretrained(checkpoint, local_files_only=True)
+    config = adapter_cls.load_config(checkpoint)
     tower_config = family.tower_config(config)
-    processor_config = read_processor_config(checkpoint)
+    processor_config = adapter_cls.load_processor_config(checkpoint, config)
     processor: Any = adapter_cls.build_processor(processor_config)
 
     module: torch.nn.Module = adapter_cls.tower_class(tower_config)
@@ -98,7 +98,7 @@ def load_encoder(checkpoint: Path | str, *, device: torch.device, dtype: torch.d
     # The files as shipped, not re-serialised configs: the same on every replica and library version.
     for path in (checkpoint / "config.json", *processor_config.files):
         hasher.update(path.read_bytes())
-    prefix = load_encoder_weights(module, checkpoint, adapter_cls.weight_prefixes, hasher)
+    prefix = load_encoder_weights(module, checkpoint, adapter_cls.weight_prefixes, hasher, adapter_cls.key_map)
     module.requires_grad_(False)
     module.to(device=device, dtype=dtype).eval()
     logger.info(

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import blake3
@@ -20,7 +21,7 @@ from safetensors import safe_open
 
 from models.errors import CheckpointError
 
-__all__ = ["load_config_json", "load_encoder_weights", "weight_files"]
+__all__ = ["KeyMap", "load_config_json", "load_encoder_weights", "weight_files"]
 
 
 def load_config_json(checkpoint: Path) -> dict[str, object]:
@@ -65,45 +66,77 @@ def _pick_prefix(expected: set[str], keys: Iterable[str], prefixes: Sequence[str
     return best
 
 
+@dataclass(frozen=True)
+class KeyMap:
+    """Where a module's tensors sit in a checkpoint saved in another layout (e.g. OpenGVLab's InternVL).
+
+    ``source`` maps a module tensor name to its checkpoint key and, for fused tensors (one ``qkv``
+    for three projections), which of ``parts`` equal chunks along dim 0 it is. ``roots`` are the
+    checkpoint prefixes that belong to the encoder: any tensor under them that no module tensor
+    reads is an error, as is any module parameter the checkpoint lacks.
+    """
+
+    roots: tuple[str, ...]
+    source: Callable[[str], tuple[str, int | None]]
+    parts: int = 3
+
+
 def load_encoder_weights(
-    module: torch.nn.Module, checkpoint: Path, prefixes: Sequence[str], hasher: blake3.blake3
+    module: torch.nn.Module,
+    checkpoint: Path,
+    prefixes: Sequence[str],
+    hasher: blake3.blake3,
+    key_map: KeyMap | None = None,
 ) -> str:
     """Fill ``module`` from ``checkpoint``; returns the key prefix used. Feeds every tensor to ``hasher``.
 
     ``prefixes`` are the places the encoder may sit in a checkpoint (``"model.visual."`` in a full
     Qwen2-VL save, ``""`` in a standalone tower). Missing parameters and unknown tensors under the
     encoder's own top-level modules are errors; persistent buffers the file lacks keep their
-    constructed values (they are derived from the config, e.g. position ids).
+    constructed values (they are derived from the config, e.g. position ids). With a ``key_map`` the
+    names come from it instead of a prefix.
     """
     files = weight_files(checkpoint)
     keys = _checkpoint_keys(files)
     state = module.state_dict()
     parameters = {name for name, _ in module.named_parameters()}
-    prefix = _pick_prefix(set(state), keys, prefixes)
-
-    top_level = {name.split(".", 1)[0] for name in state}
-    ours = {
-        key[len(prefix) :]: key
-        for key in keys
-        if key.startswith(prefix) and key[len(prefix) :].split(".", 1)[0] in top_level
-    }
-    missing = sorted(parameters - set(ours))
-    unexpected = sorted(set(ours) - set(state))
+    sources: dict[str, tuple[str, int | None]]
+    if key_map is None:
+        prefix = _pick_prefix(set(state), keys, prefixes)
+        top_level = {name.split(".", 1)[0] for name in state}
+        sources = {
+            key[len(prefix) :]: (key, None)
+            for key in keys
+            if key.startswith(prefix) and key[len(prefix) :].split(".", 1)[0] in top_level
+        }
+        unexpected = sorted(set(sources) - set(state))
+    else:
+        prefix = ""
+        sources = {name: key_map.source(name) for name in state}
+        sources = {name: source for name, source in sources.items() if source[0] in keys}
+        read = {key for key, _ in sources.values()}
+        unexpected = sorted(key for key in keys if key.startswith(key_map.roots) and key not in read)
+    missing = sorted(parameters - set(sources))
     if missing or unexpected:
+        where = f"under prefix {prefix or '<none>'!r}" if key_map is None else f"under {list(key_map.roots)}"
         raise CheckpointError(
-            f"encoder weights under prefix {prefix or '<none>'!r} do not fit the model built from config.json: "
+            f"encoder weights {where} do not fit the model built from config.json: "
             f"{len(missing)} missing (e.g. {missing[:5]}), {len(unexpected)} unexpected (e.g. {unexpected[:5]})"
         )
 
     with contextlib.ExitStack() as stack:
         handles = {file: stack.enter_context(safe_open(str(file), framework="pt")) for file in files}
         # One global name order, so the fingerprint does not depend on how the tensors are sharded.
-        for name in sorted(ours):
-            tensor = handles[keys[ours[name]]].get_tensor(ours[name])
+        for name in sorted(n for n in sources if n in state):
+            key, part = sources[name]
+            tensor = handles[keys[key]].get_tensor(key)
+            if part is not None:
+                assert key_map is not None
+                tensor = tensor.chunk(key_map.parts, dim=0)[part]
             target = state[name]
             if tensor.shape != target.shape:
                 raise CheckpointError(
-                    f"weight {ours[name]} has shape {list(tensor.shape)}, "
+                    f"weight {key} has shape {list(tensor.shape)}, "
                     f"the model built from config.json expects {list(target.shape)}"
                 )
             hasher.update(name.encode())

@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from transformers import Qwen2VLImageProcessorPil
 
 from models import CheckpointError, EncoderAdapter, load_encoder
 from models.tiny import build_tiny
+from tests.families import opengvlab_to_transformers
 from tests.helpers import noise_image
 
 CPU = torch.device("cpu")
@@ -118,3 +120,71 @@ def test_sharded_safetensors_load_like_a_single_file(legacy: Path, tmp_path: Pat
     _same_rows(many, one)
     # Same tensors, configs and processor: the same identity, so the same content hashes.
     assert many.fingerprint == one.fingerprint
+
+
+# ----- InternVL in OpenGVLab's layout (model_type internvl_chat) -----
+@pytest.fixture(scope="module")
+def opengvlab(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny(tmp_path_factory.mktemp("opengvlab") / "ckpt", "internvl_chat")
+
+
+def test_opengvlab_checkpoints_use_the_repos_tensor_names(opengvlab: Path) -> None:
+    keys = set(load_file(str(opengvlab / "model.safetensors")))
+    # As InternVLChatModel names them (vision_model = InternVisionModel, mlp1 = the projector).
+    layer = "vision_model.encoder.layers.0."
+    expected = {
+        "vision_model.embeddings.class_embedding",
+        "vision_model.embeddings.position_embedding",
+        "vision_model.embeddings.patch_embedding.weight",
+        *(layer + n for n in ("ls1", "ls2", "attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight", "norm1.weight")),
+        *(layer + n for n in ("norm2.bias", "mlp.fc1.weight", "mlp.fc2.bias")),
+        "mlp1.0.weight",
+        "mlp1.1.weight",
+        "mlp1.3.bias",
+    }
+    assert expected <= keys
+    assert not any(key.startswith(("model.", "vision_tower.", "multi_modal_projector.")) for key in keys)
+    assert json.loads((opengvlab / "config.json").read_text())["model_type"] == "internvl_chat"
+
+
+def test_opengvlab_layout_equals_the_converted_transformers_checkpoint(opengvlab: Path, tmp_path: Path) -> None:
+    converted = opengvlab_to_transformers(opengvlab, tmp_path / "converted")
+    original, twin = _load(opengvlab), _load(converted)
+    for image in IMAGES:
+        a, b = original.preprocess(image), twin.preprocess(image)
+        assert a.metadata == b.metadata and a.num_tokens == b.num_tokens
+    _same_rows(original, twin)
+
+
+def test_opengvlab_tiling_settings_come_from_config_json(opengvlab: Path, tmp_path: Path) -> None:
+    fewer = tmp_path / "fewer"
+    shutil.copytree(opengvlab, fewer)
+    config = json.loads((fewer / "config.json").read_text())
+    config["max_dynamic_patch"] = 2
+    (fewer / "config.json").write_text(json.dumps(config))
+    original, changed = _load(opengvlab), _load(fewer)
+    # 120x90: six tiles + thumbnail with max_dynamic_patch 6, at most two + thumbnail with 2.
+    before = original.preprocess(IMAGES[0]).metadata["num_patches"]
+    after = changed.preprocess(IMAGES[0]).metadata["num_patches"]
+    assert before == 7 and after <= 3
+    assert changed.fingerprint != original.fingerprint
+
+
+def test_opengvlab_checkpoint_missing_or_extra_tensors_is_refused(opengvlab: Path, tmp_path: Path) -> None:
+    tensors = load_file(str(opengvlab / "model.safetensors"))
+    cases = (
+        # A fused qkv feeds three projections: all three are missing.
+        ("missing", "vision_model.encoder.layers.1.attn.qkv.weight", r"3 missing .*layer\.1\.attention\.k_proj"),
+        ("extra", "mlp1.5.weight", r"1 unexpected .*mlp1\.5\.weight"),
+    )
+    for name, edit, message in cases:
+        broken = tmp_path / name
+        shutil.copytree(opengvlab, broken)
+        edited = dict(tensors)
+        if name == "missing":
+            del edited[edit]
+        else:
+            edited[edit] = torch.zeros(2)
+        save_file(edited, str(broken / "model.safetensors"), metadata={"format": "pt"})
+        with pytest.raises(CheckpointError, match=message):
+            _load(broken)
