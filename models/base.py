@@ -55,8 +55,8 @@ class EncoderAdapter(abc.ABC):
     processor_class: ClassVar[type]
     # Where the encoder's weights may sit in a checkpoint: candidate key prefixes.
     weight_prefixes: ClassVar[tuple[str, ...]] = ("",)
-    # For checkpoints in another project's layout: where each module tensor sits instead.
-    key_map: ClassVar[KeyMap | None] = None
+    # Other layouts the encoder's weights may come in (transformers 4 hub saves, OpenGVLab's...).
+    key_maps: ClassVar[tuple[KeyMap, ...]] = ()
 
     def __init__(
         self,

@@ -25,6 +25,7 @@ from transformers.models.gemma3.modeling_gemma3 import Gemma3MultiModalProjector
 
 from models.base import EncoderAdapter, EncoderOutput, PreparedImage
 from models.errors import MetadataError
+from models.weights import transformers4_layout
 
 _CROPS = "num_crops"
 
@@ -49,8 +50,10 @@ class Gemma3Adapter(EncoderAdapter):
     required_metadata = (_CROPS,)
     tower_class: ClassVar[type[torch.nn.Module]] = Gemma3Encoder
     processor_class: ClassVar[type] = Gemma3ImageProcessorPil
-    # transformers 5 saves the towers under "model."; the Gemma 3 hub repos keep them at the root.
+    # transformers 5 saves the towers under "model."; the Gemma 3 hub repos (saved by transformers 4)
+    # keep them at the root, with the SigLIP tower's own vision_model level.
     weight_prefixes: ClassVar[tuple[str, ...]] = ("model.", "")
+    key_maps = (transformers4_layout("multi_modal_projector."),)
 
     @property
     def hidden_size(self) -> int:

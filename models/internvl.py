@@ -145,7 +145,7 @@ class InternVLChatAdapter(InternVLAdapter):
     and ``dynamic_preprocess`` tiling, which GotOcr2's ``crop_to_patches`` reproduces (aspect-ratio
     grid of ``min..max_dynamic_patch`` tiles, plus a thumbnail when there is more than one)."""
 
-    key_map = KeyMap(roots=("vision_model.", "mlp1."), source=opengvlab_key)
+    key_maps = (KeyMap(roots=("vision_model.", "mlp1."), source=opengvlab_key, name="OpenGVLab layout"),)
 
     @classmethod
     def load_config(cls, checkpoint: Path) -> Any:

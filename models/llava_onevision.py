@@ -32,6 +32,7 @@ from transformers.models.llava_onevision.modeling_llava_onevision import (
 
 from models.base import EncoderAdapter, EncoderOutput, PreparedImage
 from models.errors import MetadataError
+from models.weights import transformers4_layout
 
 _SIZES = "image_sizes"
 
@@ -76,6 +77,8 @@ class LlavaOnevisionAdapter(EncoderAdapter):
     tower_class: ClassVar[type[torch.nn.Module]] = LlavaOnevisionEncoder
     processor_class: ClassVar[type] = LlavaOnevisionImageProcessorPil
     weight_prefixes: ClassVar[tuple[str, ...]] = ("model.", "")
+    # The llava-hf repos, saved by transformers 4: vision_tower.vision_model.*, image_newline at the root.
+    key_maps = (transformers4_layout("multi_modal_projector.", "image_newline"),)
 
     @property
     def hidden_size(self) -> int:

@@ -98,14 +98,14 @@ def load_encoder(checkpoint: Path | str, *, device: torch.device, dtype: torch.d
     # The files as shipped, not re-serialised configs: the same on every replica and library version.
     for path in (checkpoint / "config.json", *processor_config.files):
         hasher.update(path.read_bytes())
-    prefix = load_encoder_weights(module, checkpoint, adapter_cls.weight_prefixes, hasher, adapter_cls.key_map)
+    layout = load_encoder_weights(module, checkpoint, adapter_cls.weight_prefixes, hasher, adapter_cls.key_maps)
     module.requires_grad_(False)
     module.to(device=device, dtype=dtype).eval()
     logger.info(
-        "loaded %s encoder from %s (weights under %r) on %s as %s",
+        "loaded %s encoder from %s (weights under %s) on %s as %s",
         adapter_cls.family,
         checkpoint,
-        prefix or "<root>",
+        layout,
         device,
         dtype,
     )

@@ -21,7 +21,7 @@ from safetensors import safe_open
 
 from models.errors import CheckpointError
 
-__all__ = ["KeyMap", "load_config_json", "load_encoder_weights", "weight_files"]
+__all__ = ["KeyMap", "load_config_json", "load_encoder_weights", "transformers4_layout", "weight_files"]
 
 
 def load_config_json(checkpoint: Path) -> dict[str, object]:
@@ -53,19 +53,6 @@ def _checkpoint_keys(files: Iterable[Path]) -> dict[str, Path]:
     return keys
 
 
-def _pick_prefix(expected: set[str], keys: Iterable[str], prefixes: Sequence[str]) -> str:
-    """The candidate prefix under which most of the module's weights are found."""
-    key_set = set(keys)
-    scores = {prefix: sum(prefix + name in key_set for name in expected) for prefix in prefixes}
-    best = max(prefixes, key=lambda prefix: scores[prefix])
-    if scores[best] == 0:
-        raise CheckpointError(
-            "no encoder weights found: none of the prefixes "
-            f"{[p or '<none>' for p in prefixes]} matches this checkpoint's tensor names"
-        )
-    return best
-
-
 @dataclass(frozen=True)
 class KeyMap:
     """Where a module's tensors sit in a checkpoint saved in another layout (e.g. OpenGVLab's InternVL).
@@ -79,6 +66,41 @@ class KeyMap:
     roots: tuple[str, ...]
     source: Callable[[str], tuple[str, int | None]]
     parts: int = 3
+    name: str = "mapped layout"
+
+
+def transformers4_layout(*roots: str, tower: str = "vision_tower.", inner: str = "vision_model.") -> KeyMap:
+    """A LLaVA-style VLM as transformers 4 saved it (the layout of most hub repos): no ``model.`` level,
+    and the SigLIP/CLIP tower keeps its own ``vision_model.`` level (``vision_tower.vision_model.encoder...``),
+    which transformers 5's towers dropped."""
+
+    def source(name: str) -> tuple[str, int | None]:
+        if name.startswith(tower):
+            return tower + inner + name.removeprefix(tower), None
+        return name, None
+
+    return KeyMap(roots=(tower, *roots), source=source, name="transformers 4 layout")
+
+
+def _under_prefix(prefix: str, top_level: set[str]) -> KeyMap:
+    return KeyMap(
+        roots=tuple(sorted(f"{prefix}{top}." for top in top_level)),
+        source=lambda name: (prefix + name, None),
+        name=f"prefix {prefix or '<none>'!r}",
+    )
+
+
+def _pick_layout(parameters: set[str], keys: Iterable[str], layouts: Sequence[KeyMap]) -> KeyMap:
+    """The candidate layout under which most of the module's parameters are found."""
+    key_set = set(keys)
+    scores = [sum(layout.source(name)[0] in key_set for name in parameters) for layout in layouts]
+    best = max(range(len(layouts)), key=lambda i: scores[i])
+    if scores[best] == 0:
+        raise CheckpointError(
+            "no encoder weights found: none of the layouts "
+            f"{[layout.name for layout in layouts]} matches this checkpoint's tensor names"
+        )
+    return layouts[best]
 
 
 def load_encoder_weights(
@@ -86,53 +108,42 @@ def load_encoder_weights(
     checkpoint: Path,
     prefixes: Sequence[str],
     hasher: blake3.blake3,
-    key_map: KeyMap | None = None,
+    key_maps: Sequence[KeyMap] = (),
 ) -> str:
-    """Fill ``module`` from ``checkpoint``; returns the key prefix used. Feeds every tensor to ``hasher``.
+    """Fill ``module`` from ``checkpoint``; returns the layout used. Feeds every tensor to ``hasher``.
 
     ``prefixes`` are the places the encoder may sit in a checkpoint (``"model.visual."`` in a full
-    Qwen2-VL save, ``""`` in a standalone tower). Missing parameters and unknown tensors under the
-    encoder's own top-level modules are errors; persistent buffers the file lacks keep their
-    constructed values (they are derived from the config, e.g. position ids). With a ``key_map`` the
-    names come from it instead of a prefix.
+    Qwen2-VL save, ``""`` in a standalone tower); ``key_maps`` describe other layouts (transformers 4
+    hub saves, OpenGVLab's). The layout that holds most of the module's parameters is used. Missing
+    parameters and unknown tensors under the encoder's own roots are errors; persistent buffers the
+    file lacks keep their constructed values (they are derived from the config, e.g. position ids).
     """
     files = weight_files(checkpoint)
     keys = _checkpoint_keys(files)
     state = module.state_dict()
     parameters = {name for name, _ in module.named_parameters()}
-    sources: dict[str, tuple[str, int | None]]
-    if key_map is None:
-        prefix = _pick_prefix(set(state), keys, prefixes)
-        top_level = {name.split(".", 1)[0] for name in state}
-        sources = {
-            key[len(prefix) :]: (key, None)
-            for key in keys
-            if key.startswith(prefix) and key[len(prefix) :].split(".", 1)[0] in top_level
-        }
-        unexpected = sorted(set(sources) - set(state))
-    else:
-        prefix = ""
-        sources = {name: key_map.source(name) for name in state}
-        sources = {name: source for name, source in sources.items() if source[0] in keys}
-        read = {key for key, _ in sources.values()}
-        unexpected = sorted(key for key in keys if key.startswith(key_map.roots) and key not in read)
+    top_level = {name.split(".", 1)[0] for name in state}
+    layout = _pick_layout(parameters, keys, [*(_under_prefix(p, top_level) for p in prefixes), *key_maps])
+
+    sources = {name: layout.source(name) for name in state}
+    sources = {name: source for name, source in sources.items() if source[0] in keys}
+    read = {key for key, _ in sources.values()}
+    unexpected = sorted(key for key in keys if key.startswith(layout.roots) and key not in read)
     missing = sorted(parameters - set(sources))
     if missing or unexpected:
-        where = f"under prefix {prefix or '<none>'!r}" if key_map is None else f"under {list(key_map.roots)}"
         raise CheckpointError(
-            f"encoder weights {where} do not fit the model built from config.json: "
+            f"encoder weights under {layout.name} do not fit the model built from config.json: "
             f"{len(missing)} missing (e.g. {missing[:5]}), {len(unexpected)} unexpected (e.g. {unexpected[:5]})"
         )
 
     with contextlib.ExitStack() as stack:
         handles = {file: stack.enter_context(safe_open(str(file), framework="pt")) for file in files}
         # One global name order, so the fingerprint does not depend on how the tensors are sharded.
-        for name in sorted(n for n in sources if n in state):
+        for name in sorted(sources):
             key, part = sources[name]
             tensor = handles[keys[key]].get_tensor(key)
             if part is not None:
-                assert key_map is not None
-                tensor = tensor.chunk(key_map.parts, dim=0)[part]
+                tensor = tensor.chunk(layout.parts, dim=0)[part]
             target = state[name]
             if tensor.shape != target.shape:
                 raise CheckpointError(
@@ -143,4 +154,4 @@ def load_encoder_weights(
             hasher.update(tensor.contiguous().reshape(-1).view(torch.uint8).numpy())
             with torch.no_grad():
                 target.copy_(tensor)
-    return prefix
+    return layout.name
