@@ -78,3 +78,20 @@ def test_a_precomputed_item_of_the_wrong_shape_is_refused(server: LiveServer, en
         with server.client() as client:
             error = assert_error(client.post("/v1/encode", json={"items": [item]}), 400, "precomputed_shape_mismatch")
         assert error["details"]["items"] == [{"index": 0, "expected": list(rows.shape), "given": list(wrong.shape)}]
+
+
+def test_a_drifting_checkpoint_answers_token_count_mismatch_per_item(
+    spec: FamilySpec, tiny_checkpoint: Callable[..., Path], tmp_path: Path
+) -> None:
+    if spec.drifting is None:
+        pytest.skip(f"{spec.family}: model and processor settings come from one file and cannot disagree")
+    drifting = spec.drifting(tiny_checkpoint(spec.family), tmp_path / "drifting")
+    with live_server(model=drifting, cache_dir=tmp_path / "cache") as running, running.client() as client:
+        items = [{"image": data_uri(image)} for image in IMAGES[:2]]
+        error = assert_error(client.post("/v1/encode", json={"items": items}), 500, "token_count_mismatch")
+        details = error["details"]
+        assert [item["index"] for item in details["items"]] == [0, 1]
+        assert all(item["expected"] != item["produced"] for item in details["items"])
+        assert details["expected_total"] == sum(item["expected"] for item in details["items"])
+        # The worker lives on: readiness holds.
+        assert client.get("/ready").status_code == 200
