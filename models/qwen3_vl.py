@@ -7,6 +7,8 @@ its first layers at the same positions. mmencode returns them side by side along
 ``image_embeds`` input. Row counts are Qwen2-VL's (``t*h*w / merge_size**2``); the width is
 ``out_hidden_size * (1 + levels)``, and every item's metadata names the split (``deepstack_split``).
 The image processor is Qwen2-VL's (the repos name its torchvision class; its PIL twin is used).
+
+Qwen3.5 (``qwen3_5``) keeps the same vision tower without DeepStack: its rows are the merged rows alone.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any, ClassVar
 
 import torch
 from PIL import Image
+from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5VisionModel
 from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
 
 from models.base import EncoderOutput, PreparedImage
@@ -59,3 +62,12 @@ class Qwen3VLAdapter(Qwen2VLAdapter):
         out = self.module(hidden_states=batch["pixel_values"], grid_thw=batch["image_grid_thw"])
         rows = torch.cat([out.pooler_output, *out.deepstack_features], dim=-1)
         return EncoderOutput(rows=rows, rows_per_item=None)
+
+
+class Qwen3_5Adapter(Qwen2VLAdapter):
+    family = "qwen3_5"
+    tower_class: ClassVar[type[torch.nn.Module]] = Qwen3_5VisionModel
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.config.out_hidden_size)

@@ -21,7 +21,7 @@ from models.internvl import InternVLAdapter, InternVLChatAdapter
 from models.llava_onevision import LlavaOnevisionAdapter
 from models.mistral3 import Mistral3Adapter
 from models.qwen2_vl import Qwen2_5_VLAdapter, Qwen2VLAdapter
-from models.qwen3_vl import Qwen3VLAdapter
+from models.qwen3_vl import Qwen3_5Adapter, Qwen3VLAdapter
 from models.weights import load_config_json, load_encoder_weights
 
 __all__ = ["load_encoder", "supported_families", "supported_model_types"]
@@ -51,6 +51,7 @@ _FAMILIES: dict[str, _Family] = {
     "qwen2_5_vl": _Family(Qwen2_5_VLAdapter, _vision),
     "qwen2_5_vl_vision": _Family(Qwen2_5_VLAdapter, _itself),
     "qwen3_vl": _Family(Qwen3VLAdapter, _vision),
+    "qwen3_5": _Family(Qwen3_5Adapter, _vision),
     "glm4v": _Family(Glm4vAdapter, _vision),
     "idefics3": _Family(Idefics3Adapter, _itself),
     "smolvlm": _Family(SmolVLMAdapter, _itself),

@@ -52,6 +52,8 @@ from transformers import (
     Qwen2VLForConditionalGeneration,
     Qwen2VLImageProcessorPil,
     Qwen2VLVisionConfig,
+    Qwen3_5Config,
+    Qwen3_5ForConditionalGeneration,
     Qwen3VLConfig,
     Qwen3VLForConditionalGeneration,
     SiglipConfig,
@@ -75,6 +77,12 @@ ProcessorLayout = Literal["nested", "legacy"]
 
 _CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
 _CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
+_QWEN3_TOKENS: dict[str, Any] = {
+    "image_token_id": 10,
+    "video_token_id": 11,
+    "vision_start_token_id": 12,
+    "vision_end_token_id": 13,
+}
 _IMAGENET_MEAN = [0.485, 0.456, 0.406]
 _IMAGENET_STD = [0.229, 0.224, 0.225]
 _TEXT: dict[str, Any] = {
@@ -190,13 +198,7 @@ def _qwen3_vl(layout: Layout, processor_merge_size: int) -> tuple[PreTrainedMode
         "num_position_embeddings": 64,
         "deepstack_visual_indexes": [0, 1],
     }
-    tokens: dict[str, Any] = {
-        "image_token_id": 10,
-        "video_token_id": 11,
-        "vision_start_token_id": 12,
-        "vision_end_token_id": 13,
-    }
-    model = Qwen3VLForConditionalGeneration(Qwen3VLConfig(text_config=text, vision_config=vision, **tokens))
+    model = Qwen3VLForConditionalGeneration(Qwen3VLConfig(text_config=text, vision_config=vision, **_QWEN3_TOKENS))
     processor = Qwen2VLImageProcessorPil(
         size={"shortest_edge": 64 * 64, "longest_edge": 32 * 32 * 64},
         patch_size=16,
@@ -206,6 +208,48 @@ def _qwen3_vl(layout: Layout, processor_merge_size: int) -> tuple[PreTrainedMode
         image_std=[0.5, 0.5, 0.5],
     )
     # As the Qwen3-VL repos ship it: the torchvision class named, Qwen2-VL's processor underneath.
+    return model, TinyProcessor(processor, "Qwen3VLProcessor", {}, "nested", "Qwen2VLImageProcessorFast")
+
+
+def _qwen3_5(layout: Layout, processor_merge_size: int) -> tuple[PreTrainedModel, TinyProcessor]:
+    if layout != "full":
+        raise ValueError("Qwen3.5 checkpoints only come as full VLMs")
+    text = {
+        **_TEXT,
+        "num_hidden_layers": 2,
+        "head_dim": 32,
+        "layer_types": ["linear_attention", "full_attention"],
+        "linear_num_value_heads": 2,
+        "linear_num_key_heads": 1,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "mrope_section": [2, 3, 3],
+            "partial_rotary_factor": 0.5,
+        },
+    }
+    vision: dict[str, Any] = {
+        "depth": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "patch_size": 16,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "out_hidden_size": 64,
+        "num_position_embeddings": 64,
+    }
+    model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text, vision_config=vision, **_QWEN3_TOKENS))
+    processor = Qwen2VLImageProcessorPil(
+        size={"shortest_edge": 64 * 64, "longest_edge": 32 * 32 * 64},
+        patch_size=16,
+        temporal_patch_size=2,
+        merge_size=processor_merge_size,
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
+    )
     return model, TinyProcessor(processor, "Qwen3VLProcessor", {}, "nested", "Qwen2VLImageProcessorFast")
 
 
@@ -520,6 +564,7 @@ def to_opengvlab_layout(directory: Path) -> None:
 FAMILIES: dict[str, Callable[[Layout, int], tuple[PreTrainedModel, TinyProcessor]]] = {
     "qwen2_vl": _qwen2_vl,
     "qwen3_vl": _qwen3_vl,
+    "qwen3_5": _qwen3_5,
     "gemma3": _gemma3,
     "glm4v": _glm4v,
     "idefics3": _idefics3,

@@ -37,6 +37,7 @@ from transformers import (
     LlavaOnevisionProcessor,
     Mistral3ForConditionalGeneration,
     PreTrainedTokenizerFast,
+    Qwen3_5ForConditionalGeneration,
     Qwen3VLForConditionalGeneration,
     Qwen3VLProcessor,
     SmolVLMForConditionalGeneration,
@@ -106,6 +107,13 @@ def _qwen3_vl_placeholders(adapter: EncoderAdapter, image: Image.Image) -> int:
     processor = _bare(Qwen3VLProcessor, image_processor=adapter.processor, image_token="<|image_pad|>")
     inputs = adapter.processor(images=[image], return_tensors="pt")
     return str(processor.replace_image_token(inputs, 0)).count("<|image_pad|>")
+
+
+def _qwen3_5_reference(directory: Path, images: list[Image.Image], adapter: EncoderAdapter) -> list[torch.Tensor]:
+    inputs = adapter.processor(images=images, return_tensors="pt")
+    model = Qwen3_5ForConditionalGeneration.from_pretrained(directory).eval()
+    with torch.inference_mode():
+        return list(model.model.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"]).pooler_output)
 
 
 def _merge_size_four(whole: dict[str, Any]) -> None:
@@ -389,6 +397,13 @@ FAMILIES: dict[str, FamilySpec] = {
         ("image_grid_thw",),
         _qwen3_vl_reference,
         _qwen3_vl_placeholders,
+        lambda src, dst: _edit_processor(src, dst, _merge_size_four),
+    ),
+    "qwen3_5": FamilySpec(
+        "qwen3_5",
+        ("image_grid_thw",),
+        _qwen3_5_reference,
+        _qwen3_vl_placeholders,  # Qwen3.5 repos name Qwen3VLProcessor
         lambda src, dst: _edit_processor(src, dst, _merge_size_four),
     ),
     "gemma3": FamilySpec(
