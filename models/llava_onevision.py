@@ -45,7 +45,7 @@ class LlavaOnevisionEncoder(torch.nn.Module):
         self.config = config
         # Same attribute names as LlavaOnevisionModel, so checkpoint keys map one to one under "model.".
         self.vision_tower = AutoModel.from_config(config.vision_config)
-        self.multi_modal_projector = LlavaOnevisionMultiModalProjector(config)
+        self.multi_modal_projector: torch.nn.Module = LlavaOnevisionMultiModalProjector(config)
         text: Any = config.text_config
         self.image_newline = torch.nn.Parameter(torch.zeros(text.hidden_size))
 
@@ -59,6 +59,10 @@ class LlavaOnevisionEncoder(torch.nn.Module):
         if self.config.vision_feature_select_strategy == "default":
             selected = selected[:, 1:]  # drop the class token
         features = torch.split(self.multi_modal_projector(selected), tiles)
+        packed, lengths = self.pack(features, image_sizes)
+        return torch.cat(packed), [int(n) for n in lengths]
+
+    def pack(self, features: Sequence[torch.Tensor], image_sizes: torch.Tensor) -> tuple[list[torch.Tensor], Any]:
         # The model's own packing (grid layout, unpadding, anyres_max shrinking, newlines); it reads
         # only self.config, which this module shares with LlavaOnevisionModel.
         packed, lengths = LlavaOnevisionModel.pack_image_features(
@@ -68,7 +72,7 @@ class LlavaOnevisionEncoder(torch.nn.Module):
             image_newline=self.image_newline,
             vision_aspect_ratio=self.config.vision_aspect_ratio,
         )
-        return torch.cat(packed), [int(n) for n in lengths]
+        return packed, lengths
 
 
 class LlavaOnevisionAdapter(EncoderAdapter):

@@ -18,6 +18,7 @@ from models.gemma3 import Gemma3Adapter
 from models.glm4v import Glm4vAdapter
 from models.idefics3 import Idefics3Adapter, SmolVLMAdapter
 from models.internvl import InternVLAdapter, InternVLChatAdapter
+from models.llava_next import LlavaNextAdapter
 from models.llava_onevision import LlavaOnevisionAdapter
 from models.mistral3 import Mistral3Adapter
 from models.qwen2_vl import Qwen2_5_VLAdapter, Qwen2VLAdapter
@@ -57,6 +58,7 @@ _FAMILIES: dict[str, _Family] = {
     "smolvlm": _Family(SmolVLMAdapter, _itself),
     "mistral3": _Family(Mistral3Adapter, _itself),
     "llava_onevision": _Family(LlavaOnevisionAdapter, _itself),
+    "llava_next": _Family(LlavaNextAdapter, _itself),
     "siglip": _Family(SiglipAdapter, _vision),
     "siglip_vision_model": _Family(SiglipAdapter, _itself),
     "clip": _Family(ClipAdapter, _vision),

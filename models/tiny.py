@@ -40,6 +40,9 @@ from transformers import (
     InternVLConfig,
     InternVLForConditionalGeneration,
     InternVLVisionConfig,
+    LlavaNextConfig,
+    LlavaNextForConditionalGeneration,
+    LlavaNextImageProcessorPil,
     LlavaOnevisionConfig,
     LlavaOnevisionForConditionalGeneration,
     LlavaOnevisionImageProcessorPil,
@@ -408,6 +411,45 @@ def _llava_onevision(layout: Layout, _: int) -> tuple[PreTrainedModel, TinyProce
     return model, TinyProcessor(processor, "LlavaOnevisionProcessor", settings, "nested")
 
 
+def _llava_next(layout: Layout, _: int) -> tuple[PreTrainedModel, TinyProcessor]:
+    if layout != "full":
+        raise ValueError("LLaVA-NeXT checkpoints only come as full VLMs")
+    vision: dict[str, Any] = {
+        "model_type": "clip_vision_model",
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "image_size": 32,
+        "patch_size": 8,
+        "projection_dim": 32,
+    }
+    pinpoints = [[32 * h, 32 * w] for h in (1, 2, 3) for w in (1, 2, 3)]
+    config = LlavaNextConfig(
+        text_config={**_TEXT, "model_type": "qwen2"},
+        vision_config=vision,
+        image_grid_pinpoints=pinpoints,
+        vision_feature_layer=-2,  # as llava-v1.6: the penultimate CLIP layer, class token dropped
+        vision_feature_select_strategy="default",
+        image_token_index=5,
+    )
+    model: PreTrainedModel = LlavaNextForConditionalGeneration(config)
+    processor = LlavaNextImageProcessorPil(
+        size={"shortest_edge": 32},
+        crop_size={"height": 32, "width": 32},
+        image_grid_pinpoints=pinpoints,
+        image_mean=_CLIP_MEAN,
+        image_std=_CLIP_STD,
+    )
+    settings = {
+        "patch_size": 8,
+        "num_additional_image_tokens": 1,
+        "vision_feature_select_strategy": "default",
+        "image_token": "<image>",
+    }
+    return model, TinyProcessor(processor, "LlavaNextProcessor", settings, "nested")
+
+
 def _siglip(layout: Layout, _: int) -> tuple[PreTrainedModel, TinyProcessor]:
     vision: dict[str, Any] = {
         "hidden_size": 32,
@@ -571,6 +613,7 @@ FAMILIES: dict[str, Callable[[Layout, int], tuple[PreTrainedModel, TinyProcessor
     "smolvlm": _smolvlm,
     "mistral3": _mistral3,
     "llava_onevision": _llava_onevision,
+    "llava_next": _llava_next,
     "siglip": _siglip,
     "clip": _clip,
     "internvl": _internvl,

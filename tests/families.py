@@ -33,6 +33,8 @@ from transformers import (
     Idefics3Processor,
     InternVLForConditionalGeneration,
     InternVLProcessor,
+    LlavaNextForConditionalGeneration,
+    LlavaNextProcessor,
     LlavaOnevisionForConditionalGeneration,
     LlavaOnevisionProcessor,
     Mistral3ForConditionalGeneration,
@@ -282,6 +284,40 @@ def _llava_onevision_placeholders(adapter: EncoderAdapter, image: Image.Image) -
     return str(processor.replace_image_token(inputs, 0)).count("<image>")
 
 
+# ----- LLaVA-NeXT -----
+def _llava_next_reference(directory: Path, images: list[Image.Image], adapter: EncoderAdapter) -> list[torch.Tensor]:
+    inputs = adapter.processor(images=images, return_tensors="pt")
+    model = LlavaNextForConditionalGeneration.from_pretrained(directory).eval()
+    config = model.config
+    with torch.inference_mode():
+        packed = model.model.get_image_features(
+            inputs["pixel_values"],
+            inputs["image_sizes"],
+            vision_feature_layer=config.vision_feature_layer,
+            vision_feature_select_strategy=config.vision_feature_select_strategy,
+        ).pooler_output
+    return list(packed)
+
+
+def _llava_next_placeholders(adapter: EncoderAdapter, image: Image.Image) -> int:
+    settings = adapter.processor_config.processor
+    processor = _bare(
+        LlavaNextProcessor,
+        image_processor=adapter.processor,
+        image_token="<image>",
+        patch_size=settings["patch_size"],
+        num_additional_image_tokens=settings["num_additional_image_tokens"],
+        vision_feature_select_strategy=settings["vision_feature_select_strategy"],
+    )
+    inputs = adapter.processor(images=[image], return_tensors="pt")
+    return str(processor.replace_image_token(inputs, 0)).count("<image>")
+
+
+def _patch_size_four(whole: dict[str, Any]) -> None:
+    # The processor counts 4-pixel patches; the tower's are 8.
+    whole["patch_size"] = 4
+
+
 def _num_image_tokens(whole: dict[str, Any]) -> None:
     # The processor believes in 5x5 patches per tile; the tower makes 4x4.
     whole["num_image_tokens"] = 25
@@ -446,6 +482,13 @@ FAMILIES: dict[str, FamilySpec] = {
         _llava_onevision_reference,
         _llava_onevision_placeholders,
         lambda src, dst: _edit_processor(src, dst, _num_image_tokens),
+    ),
+    "llava_next": FamilySpec(
+        "llava_next",
+        ("image_sizes",),
+        _llava_next_reference,
+        _llava_next_placeholders,
+        lambda src, dst: _edit_processor(src, dst, _patch_size_four),
     ),
     "internvl_chat": FamilySpec(
         "internvl_chat", ("num_patches",), _internvl_chat_reference, _internvl_chat_placeholders, None
