@@ -1,0 +1,84 @@
+"""Deterministic tiny checkpoints of every family, in the layouts users download.
+
+Weights are drawn per tensor from a generator seeded by the tensor's name, so a checkpoint is the same
+on every torch/transformers version whatever order layers are constructed in. The result is a normal
+``save_pretrained`` directory (config, safetensors, processor config) loaded by the same path as a
+real model. Full-VLM layouts include a (tiny) language model that the service must never load.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel
+from transformers.utils import logging as hf_logging
+
+from models.tiny.common import Layout, ProcessorLayout, TinyProcessor, fill_deterministic
+from models.tiny.internvl import internvl, internvl_chat, to_opengvlab_layout
+from models.tiny.llava import gemma3, idefics3, llava_next, llava_onevision, mistral3, smolvlm
+from models.tiny.qwen import glm4v, qwen2_vl, qwen3_5, qwen3_vl
+from models.tiny.towers import clip, siglip
+
+__all__ = ["FAMILIES", "Layout", "ProcessorLayout", "TinyProcessor", "build_tiny", "fill_deterministic"]
+
+FAMILIES: dict[str, Callable[[Layout, int], tuple[PreTrainedModel, TinyProcessor]]] = {
+    "qwen2_vl": qwen2_vl,
+    "qwen3_vl": qwen3_vl,
+    "qwen3_5": qwen3_5,
+    "gemma3": gemma3,
+    "glm4v": glm4v,
+    "idefics3": idefics3,
+    "smolvlm": smolvlm,
+    "mistral3": mistral3,
+    "llava_onevision": llava_onevision,
+    "llava_next": llava_next,
+    "siglip": siglip,
+    "clip": clip,
+    "internvl": internvl,
+    "internvl_chat": internvl_chat,
+}
+
+
+def build_tiny(
+    directory: Path | str,
+    family: str = "qwen2_vl",
+    *,
+    layout: Layout = "full",
+    processor_merge_size: int = 2,
+    processor_layout: ProcessorLayout | None = None,
+    max_shard_size: str | None = None,
+) -> Path:
+    """Write a tiny checkpoint of ``family`` to ``directory`` (replaced atomically) and return it.
+
+    ``processor_layout`` defaults to the family's own (``nested`` for families added with
+    transformers 5); ``max_shard_size`` (e.g. ``"20KB"``) writes sharded safetensors with an index.
+    """
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r}; choose from {sorted(FAMILIES)}")
+    directory = Path(directory)
+    torch.manual_seed(0)  # construction-time init is overwritten below; this only keeps it quiet
+    model, processor = FAMILIES[family](layout, processor_merge_size)
+    fill_deterministic(model)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
+    hf_logging.disable_progress_bar()
+    try:
+        if max_shard_size is None:
+            model.save_pretrained(staging)
+        else:
+            model.save_pretrained(staging, max_shard_size=max_shard_size)
+        processor.save(staging, processor_layout or processor.default_layout)
+        if family == "internvl_chat":
+            to_opengvlab_layout(staging)
+        if directory.exists():
+            shutil.rmtree(directory)
+        os.replace(staging, directory)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return directory
