@@ -29,12 +29,13 @@ CATALOG: tuple[FamilyInfo, ...] = (
         "`t*h*w / merge_size**2`; width `out_hidden_size * (1 + DeepStack levels)`, "
         "`[main | level_0 | ...]` (metadata `deepstack_split`)",
     ),
+    FamilyInfo("qwen3_5", *_QWEN2),
+    FamilyInfo("glm4v", *_QWEN2),
     FamilyInfo(
         "gemma3",
         "num_crops (when pan-and-scan is on)",
         "`(1 + num_crops) * image_seq_length` (pooled SigLIP views)",
     ),
-    FamilyInfo("glm4v", *_QWEN2),
     FamilyInfo("idefics3", *_CROP_GRID),
     FamilyInfo("smolvlm", *_CROP_GRID),
     FamilyInfo(
@@ -43,26 +44,25 @@ CATALOG: tuple[FamilyInfo, ...] = (
         "`(h // (patch * merge)) * (w // (patch * merge))` of the processed `[h, w]` ([IMG_BREAK]/[IMG_END] are text)",
     ),
     FamilyInfo(
-        "llava_onevision",
-        "image_sizes",
-        "base tile + unpadded any-resolution map (shrunk to anyres_max_N tiles) + one newline row per map row",
-    ),
-    FamilyInfo("qwen3_5", *_QWEN2),
-    FamilyInfo(
         "llava_next",
         "image_sizes",
         "base tile + unpadded any-resolution map + one newline row per map row",
     ),
-    FamilyInfo("siglip", *_FIXED),
-    FamilyInfo("siglip_vision_model", *_FIXED),
-    FamilyInfo("clip", "-", "patches per side squared + 1 class token"),
-    FamilyInfo("clip_vision_model", "-", "patches per side squared + 1 class token"),
+    FamilyInfo(
+        "llava_onevision",
+        "image_sizes",
+        "base tile + unpadded any-resolution map (shrunk to anyres_max_N tiles) + one newline row per map row",
+    ),
     FamilyInfo("internvl", "num_patches", "`num_patches * rows_per_tile` (tiles + thumbnail)"),
     FamilyInfo(
         "internvl_chat",
         "num_patches",
         "`num_patches * rows_per_tile` (OpenGVLab layout; tiling from config.json's dynamic_preprocess settings)",
     ),
+    FamilyInfo("siglip", *_FIXED),
+    FamilyInfo("siglip_vision_model", *_FIXED),
+    FamilyInfo("clip", "-", "patches per side squared + 1 class token"),
+    FamilyInfo("clip_vision_model", "-", "patches per side squared + 1 class token"),
 )
 
 # Families ``mmencode make-tiny`` builds (models.tiny.FAMILIES, kept equal by a test).
