@@ -25,7 +25,7 @@ def test_counters_move_with_traffic(qwen_server: LiveServer) -> None:
     invalid = ("mmencode_errors_total", (("code", "invalid_image"),))
     from_encoder = ("mmencode_items_total", (("source", "encoder"),))
     from_cache = ("mmencode_items_total", (("source", "cache"),))
-    hits = ("mmencode_cache_lookups_total", (("result", "hit"),))
+    hits = ("mmencode_cache_lookups_total", (("result", "hit"), ("tier", "local")))
     with qwen_server.client() as client:
         before = _samples(client)
         assert client.post("/v1/encode", json={"items": [image]}).status_code == 200
