@@ -25,9 +25,21 @@ from app.worker import EncoderWorker
 from models import EncoderAdapter, load_encoder
 from models.tiny import build_tiny
 
-__all__ = ["Phase", "Runtime", "batch_token_budget", "default_model_dir", "resolve_device", "resolve_dtype"]
+__all__ = [
+    "DRAIN_GRACE_S",
+    "Phase",
+    "Runtime",
+    "batch_token_budget",
+    "default_model_dir",
+    "resolve_device",
+    "resolve_dtype",
+]
 
 logger = logging.getLogger("mmencode.runtime")
+
+# Longest a SIGTERM waits for work in flight; orchestrators' grace periods must be longer
+# (docker-compose.yml's stop_grace_period, the Deployment's terminationGracePeriodSeconds).
+DRAIN_GRACE_S = 30.0
 
 # Bump when the embedded default checkpoint's recipe changes, so stale builds are not reused.
 _DEFAULT_MODEL_REVISION = "qwen2_vl-tiny-v1"
@@ -157,7 +169,7 @@ class Runtime:
         if self.phase is not Phase.FAILED:
             self.phase = Phase.DRAINING
 
-    async def stop(self, grace_s: float = 30.0) -> None:
+    async def stop(self, grace_s: float = DRAIN_GRACE_S) -> None:
         self.begin_drain()
         if self.worker is not None:
             await self.worker.drain(grace_s)
