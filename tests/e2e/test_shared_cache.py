@@ -66,7 +66,9 @@ def test_a_hash_encoded_on_one_replica_is_served_by_the_other(
         assert first.status_code == 200, first.text
         item_a = first.json()["items"][0]
         assert item_a["source"] == "encoder"
-        _wait_for_key(redis_server, item_a["hash"])
+        key = _wait_for_key(redis_server, item_a["hash"])
+        ttl = redis.Redis.from_url(redis_server.url).ttl(key)
+        assert a.settings.shared_cache_ttl - 60 < ttl <= a.settings.shared_cache_ttl
 
         by_hash = _encode(client_b, {"hash": item_a["hash"]})
         assert by_hash.status_code == 200, by_hash.text
@@ -180,3 +182,22 @@ def _metric(client: httpx.Client, sample: str) -> float:
         if line.startswith(sample + " "):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+def test_items_over_the_value_cap_stay_local(
+    checkpoints: dict[str, Path], redis_server: RedisServer, tmp_path: Path
+) -> None:
+    with (
+        two_replicas(checkpoints["qwen2_vl"], redis_server.url, tmp_path, shared_cache_max_value_bytes=1024) as (a, b),
+        a.client() as client_a,
+        b.client() as client_b,
+    ):
+        item = _encode(client_a, _image(20)).json()["items"][0]
+        assert item["num_tokens"] * 64 * 4 > 1024
+        assert _encode(client_a, {"hash": item["hash"]}).json()["items"][0]["source"] == "cache"
+        deadline = time.monotonic() + 5
+        while _metric(client_a, 'mmencode_shared_cache_errors_total{op="too_large"}') < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert redis.Redis.from_url(redis_server.url).keys("mmencode:*") == []
+        assert_error(_encode(client_b, {"hash": item["hash"]}), 400, "unknown_hash")
