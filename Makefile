@@ -22,4 +22,5 @@ lint: $(VENV)/.installed
 	$(BIN)/mypy
 
 test: lint
+	@bash .ci/system-deps  # redis-server, haproxy, kubectl: real servers the e2e tests start
 	$(BIN)/python -m pytest

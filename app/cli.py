@@ -96,6 +96,7 @@ def serve(settings: Settings) -> int:
     import uvicorn
 
     from app.main import create_app
+    from app.runtime import DRAIN_GRACE_S
 
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
@@ -115,7 +116,7 @@ def serve(settings: Settings) -> int:
         port=settings.port,
         log_level=settings.log_level,
         access_log=False,  # mmencode.access logs one line per request, with its id
-        timeout_graceful_shutdown=30,
+        timeout_graceful_shutdown=int(DRAIN_GRACE_S),
         timeout_keep_alive=settings.keep_alive_timeout,
     )
     DrainingServer(config).run()

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["Settings"]
@@ -64,6 +64,29 @@ class Settings(BaseSettings):
 
     # --- cache ---
     cache_bytes: int = Field(default=512 * MiB, ge=0, description="Embedding cache size in bytes; 0 disables it.")
+    shared_cache: str | None = Field(
+        default=None,
+        description="Redis/Valkey URL of a cache shared by replicas (redis://HOST:PORT/DB, rediss:// for TLS, "
+        "unix://PATH); unset: the local cache only.",
+    )
+    shared_cache_ttl: int = Field(
+        default=86400, ge=0, description="Seconds a shared-cache entry lives (refreshed when rewritten); 0: no expiry."
+    )
+    shared_cache_timeout: float = Field(
+        default=0.25,
+        gt=0,
+        le=30,
+        description="Seconds one shared-cache call may take before it counts as a miss; after a failure the tier "
+        "rests for a second, then is tried again.",
+    )
+    shared_cache_max_value_bytes: int = Field(
+        default=64 * MiB, ge=1024, description="Larger items are not written to the shared cache."
+    )
+    shared_cache_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto",
+        description="Storage dtype of shared-cache values; auto: the model's compute dtype, which loses nothing. "
+        "A narrower one halves the bytes but rounds remote hits.",
+    )
 
     # --- limits ---
     max_items_per_request: int = Field(default=64, ge=1)
@@ -79,6 +102,13 @@ class Settings(BaseSettings):
         default_factory=list,
         description="Hosts exempt from the private-address check (a JSON list in the environment).",
     )
+
+    @field_validator("shared_cache")
+    @classmethod
+    def _redis_url(cls, value: str | None) -> str | None:
+        if value is not None and value.partition("://")[0] not in {"redis", "rediss", "unix"}:
+            raise ValueError("shared_cache must be a redis://, rediss:// or unix:// URL")
+        return value or None
 
     @model_validator(mode="after")
     def _sane(self) -> Settings:

@@ -44,9 +44,26 @@ class Metrics:
             "mmencode_encoder_seconds", "Wall time of one encoder forward.", buckets=_LATENCY_BUCKETS, registry=r
         )
         self.cache_lookups = Counter(
-            "mmencode_cache_lookups", "Embedding cache lookups by result (hit or miss).", ["result"], registry=r
-        )
+            "mmencode_cache_lookups", "Embedding cache lookups by tier (local, shared) and result (hit, miss).",
+            ["tier", "result"], registry=r,
+        )  # fmt: skip
         self.cache_bytes = Gauge("mmencode_cache_bytes", "Bytes of embeddings held by the cache.", registry=r)
+        self.shared_cache_errors = Counter(
+            "mmencode_shared_cache_errors",
+            "Shared-tier operations that failed and were treated as misses or skipped writes, by operation "
+            "(get, set, decode: an unreadable value, too_large: over the value cap, backlog: too many writes pending).",
+            ["op"], registry=r,
+        )  # fmt: skip
+        self.shared_cache_bytes_written = Counter(
+            "mmencode_shared_cache_written_bytes", "Bytes of values written to the shared tier.", registry=r
+        )
+        self.requests_in_flight = Gauge(
+            "mmencode_requests_in_flight", "API requests being answered now (probes and /metrics excluded).", registry=r
+        )
+        self.queue_wait_seconds = Histogram(
+            "mmencode_queue_wait_seconds", "Time a request waited in the encoder queue before its forward began.",
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
         self.ready = Gauge("mmencode_ready", "1 when the model is loaded, warm and the worker alive.", registry=r)
 
     def watch(self, *, queue_depth: Callable[[], float], cache_bytes: Callable[[], float]) -> None:

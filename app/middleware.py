@@ -26,6 +26,8 @@ error_log = logging.getLogger("mmencode.errors")
 
 # A client-sent id is echoed only if it is short and printable, so it cannot forge log lines.
 _SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
+# Probes and scrapes are not load: they stay out of the in-flight gauge that autoscalers read.
+_NOT_LOAD = frozenset({"/health", "/ready", "/metrics"})
 
 
 class RequestContextMiddleware:
@@ -43,6 +45,9 @@ class RequestContextMiddleware:
         state = scope.setdefault("state", {})
         state["request_id"] = request_id
         started = time.perf_counter()
+        is_load = scope.get("path") not in _NOT_LOAD
+        if is_load:
+            self.metrics.requests_in_flight.inc()
         status = 500
         response_started = False
 
@@ -67,6 +72,8 @@ class RequestContextMiddleware:
             response = error_response(error, request_id, self.metrics)
             await response(scope, receive, send_with_id)
         finally:
+            if is_load:
+                self.metrics.requests_in_flight.dec()
             elapsed = time.perf_counter() - started
             # The route template, not the raw path: label values must stay few.
             route = getattr(scope.get("route"), "path", "unmatched")

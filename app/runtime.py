@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from app.cache import LRUEmbeddingCache
+from app.cache import LRUEmbeddingCache, SharedCache, TieredCache
 from app.config import Settings
 from app.errors import ModelNotFound, NotReady
 from app.fetch import ImageFetcher
@@ -25,9 +25,21 @@ from app.worker import EncoderWorker
 from models import EncoderAdapter, load_encoder
 from models.tiny import build_tiny
 
-__all__ = ["Phase", "Runtime", "batch_token_budget", "default_model_dir", "resolve_device", "resolve_dtype"]
+__all__ = [
+    "DRAIN_GRACE_S",
+    "Phase",
+    "Runtime",
+    "batch_token_budget",
+    "default_model_dir",
+    "resolve_device",
+    "resolve_dtype",
+]
 
 logger = logging.getLogger("mmencode.runtime")
+
+# Longest a SIGTERM waits for work in flight; orchestrators' grace periods must be longer
+# (docker-compose.yml's stop_grace_period, the Deployment's terminationGracePeriodSeconds).
+DRAIN_GRACE_S = 30.0
 
 # Bump when the embedded default checkpoint's recipe changes, so stale builds are not reused.
 _DEFAULT_MODEL_REVISION = "qwen2_vl-tiny-v1"
@@ -58,10 +70,13 @@ def batch_token_budget(configured: int | None, device: torch.device) -> int:
     return 16384 if device.type == "cuda" else 512
 
 
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+    return _DTYPES[name]
 
 
 class Runtime:
@@ -83,8 +98,9 @@ class Runtime:
             allow_private=settings.allow_private_urls,
             allowed_hosts=settings.allowed_url_hosts,
         )
-        self.cache = LRUEmbeddingCache(settings.cache_bytes)
         self.metrics = Metrics()
+        # The shared tier needs the model's fingerprint: it joins once the model is loaded.
+        self.cache = TieredCache(LRUEmbeddingCache(settings.cache_bytes), None, self.metrics)
         self.metrics.ready.set_function(lambda: 1.0 if self.ready else 0.0)
         self.metrics.watch(
             queue_depth=lambda: float(self.worker.queue_depth if self.worker is not None else 0),
@@ -119,6 +135,8 @@ class Runtime:
             request_timeout=self.settings.request_timeout,
         )
         self.adapter, self.worker = adapter, worker
+        if self.settings.shared_cache:
+            self.cache.shared = self._shared_cache(adapter)
         self._scheduler = Scheduler(adapter, worker, self.cache, self.fetcher, self._pool, limits, self.metrics)
         self.phase = Phase.READY
         logger.info("ready: serving %s (%s) on %s", self.model_name, adapter.family, adapter.device)
@@ -130,16 +148,33 @@ class Runtime:
         device = resolve_device(self.settings.device)
         return load_encoder(self.model_dir, device=device, dtype=resolve_dtype(self.settings.dtype, device))
 
+    def _shared_cache(self, adapter: EncoderAdapter) -> SharedCache:
+        settings = self.settings
+        store_dtype = adapter.dtype if settings.shared_cache_dtype == "auto" else _DTYPES[settings.shared_cache_dtype]
+        assert settings.shared_cache is not None
+        shared = SharedCache(
+            settings.shared_cache,
+            fingerprint=adapter.fingerprint,
+            store_dtype=store_dtype,
+            ttl_s=settings.shared_cache_ttl,
+            max_value_bytes=settings.shared_cache_max_value_bytes,
+            timeout_s=settings.shared_cache_timeout,
+            metrics=self.metrics,
+        )
+        logger.info("shared cache: %s, values stored as %s", shared.location, str(store_dtype).removeprefix("torch."))
+        return shared
+
     def begin_drain(self) -> None:
         """Stop taking new work: readiness turns 503 while what was accepted finishes."""
         if self.phase is not Phase.FAILED:
             self.phase = Phase.DRAINING
 
-    async def stop(self, grace_s: float = 30.0) -> None:
+    async def stop(self, grace_s: float = DRAIN_GRACE_S) -> None:
         self.begin_drain()
         if self.worker is not None:
             await self.worker.drain(grace_s)
         await self.fetcher.aclose()
+        await self.cache.aclose()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     # ----- what routes ask -----

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import torch
 
-from app.cache import CachedEmbedding, EmbeddingCache, content_hash
+from app.cache import CachedEmbedding, TieredCache, content_hash
 from app.errors import (
     InternalError,
     InvalidImage,
@@ -91,7 +91,7 @@ class Scheduler:
         self,
         adapter: EncoderAdapter,
         worker: EncoderWorker,
-        cache: EmbeddingCache,
+        cache: TieredCache,
         fetcher: ImageFetcher,
         pool: Executor,
         limits: Limits,
@@ -199,13 +199,15 @@ class Scheduler:
         fetched = await _gather_in_order(indices, [self._image_bytes(i, items[i]) for i in indices])
         results: list[ItemResult] = []
         pending: list[_Pending] = []
+        keys: list[str] = []
         for index, data in zip(indices, fetched, strict=True):
             key = items[index].hash if data is None else content_hash(self.adapter.fingerprint, data)
-            assert key is not None
-            hit = self.cache.get(key)
-            self.metrics.cache_lookups.labels("hit" if hit is not None else "miss").inc()
+            assert key is not None  # an item without image bytes came with a hash
+            keys.append(key)
+        hits = await self.cache.get_many(keys)  # local, then shared: one round trip for the request
+        for index, data, key, hit in zip(indices, fetched, keys, hits, strict=True):
             if hit is not None:
-                results.append(ItemResult(index, "cache", key, dict(hit.metadata), hit.rows))
+                results.append(ItemResult(index, "cache", key, dict(hit.value.metadata), hit.value.rows))
             elif data is None:
                 raise UnknownHash(
                     f"item {index}: hash {key!r} is not in the cache; send the image instead",

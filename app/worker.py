@@ -54,6 +54,7 @@ class _Job:
     items: Sequence[PreparedImage]
     future: asyncio.Future[list[torch.Tensor]]
     tokens: int = field(init=False)
+    enqueued_at: float = field(default_factory=time.monotonic)
 
     def __post_init__(self) -> None:
         self.tokens = sum(item.num_tokens for item in self.items)
@@ -182,6 +183,9 @@ class EncoderWorker:
         live = [job for job in batch if not job.future.done()]
         for _ in range(len(batch) - len(live)):
             self._done()
+        now = time.monotonic()
+        for job in live:
+            self.metrics.queue_wait_seconds.observe(now - job.enqueued_at)
         return live
 
     def _done(self) -> None:

@@ -7,6 +7,7 @@ import base64
 import contextlib
 import io
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -168,3 +169,26 @@ def bucket_distribution(before: dict[str, float], after: dict[str, float]) -> di
             out[f"<={bound}"] = int(cumulative - previous)
         previous = cumulative
     return out
+
+
+@contextlib.contextmanager
+def redis_server() -> Iterator[str]:
+    """A throwaway redis-server on loopback, without persistence; yields its URL."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise SystemExit("redis-server is not installed: apt-get install -y redis-server")
+    port = free_port()
+    process = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        for _ in range(100):
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                break
+            time.sleep(0.05)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=10)

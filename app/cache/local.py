@@ -2,8 +2,8 @@
 
 The hash is blake3 over the model's fingerprint (weights, config and processor config as shipped) and
 the image's bytes, so the same image on the same model has the same hash on every replica and after
-every restart. The cache is an interface with one in-process LRU implementation bounded in bytes; a
-shared backend (Redis, say) would implement the same three methods.
+every restart. This module holds the in-process tier: an LRU bounded in bytes; ``shared.py`` holds the
+Redis/Valkey tier and ``tiered.py`` the order in which they are asked.
 """
 
 from __future__ import annotations

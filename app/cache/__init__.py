@@ -1,0 +1,18 @@
+"""Embeddings by content hash: the local LRU, the optional shared Redis/Valkey tier, and the lookup order.
+
+``TieredCache`` is what the scheduler talks to: local LRU first, then the shared store, then the encoder.
+"""
+
+from app.cache.local import CachedEmbedding, EmbeddingCache, LRUEmbeddingCache, content_hash
+from app.cache.shared import SharedCache
+from app.cache.tiered import Hit, TieredCache
+
+__all__ = [
+    "CachedEmbedding",
+    "EmbeddingCache",
+    "Hit",
+    "LRUEmbeddingCache",
+    "SharedCache",
+    "TieredCache",
+    "content_hash",
+]
