@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("directory")
     tiny.add_argument("--family", default="qwen2_vl", choices=["qwen2_vl", "siglip", "clip", "internvl"])
     tiny.add_argument("--layout", default="full", choices=["full", "vision"], help="full VLM, or the tower alone")
+    tiny.add_argument("--force", action="store_true", help="replace DIRECTORY even if it is not empty")
     tiny.add_argument(
         "--processor-merge-size",
         type=int,
@@ -72,9 +73,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "make-tiny":
         from models.tiny import build_tiny
 
-        path = build_tiny(
-            args.directory, args.family, layout=args.layout, processor_merge_size=args.processor_merge_size
-        )
+        try:
+            path = build_tiny(
+                args.directory,
+                args.family,
+                layout=args.layout,
+                processor_merge_size=args.processor_merge_size,
+                overwrite=args.force,
+            )
+        except FileExistsError:
+            print(
+                f"mmencode make-tiny: {args.directory} is not empty; nothing was changed. "
+                "Pass --force to replace it, or choose an empty or new directory.",
+                file=sys.stderr,
+            )
+            return 1
         print(path)
         return 0
 

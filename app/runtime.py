@@ -126,7 +126,7 @@ class Runtime:
     def _load(self) -> EncoderAdapter:
         if self.settings.model is None and not (self.model_dir / "config.json").is_file():
             logger.info("building the embedded tiny model into %s", self.model_dir)
-            build_tiny(self.model_dir, "qwen2_vl")
+            build_tiny(self.model_dir, "qwen2_vl", overwrite=True)
         device = resolve_device(self.settings.device)
         return load_encoder(self.model_dir, device=device, dtype=resolve_dtype(self.settings.dtype, device))
 
