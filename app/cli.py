@@ -106,6 +106,16 @@ def serve(settings: Settings) -> int:
     import uvicorn
 
     from app.main import create_app
+    from app.runtime import Phase
+    from models import CheckpointError, check_checkpoint
+
+    if settings.model is not None:
+        # Fail before binding the port on what can be known now: a missing directory, a hub id, no weights.
+        try:
+            check_checkpoint(settings.model)
+        except CheckpointError as exc:
+            print(f"mmencode: error: {exc}", file=sys.stderr)
+            return 2
 
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
@@ -128,7 +138,17 @@ def serve(settings: Settings) -> int:
         timeout_graceful_shutdown=30,
         timeout_keep_alive=settings.keep_alive_timeout,
     )
-    DrainingServer(config).run()
+    server = DrainingServer(config)
+
+    def stop_on_load_failure() -> None:
+        # A server that can never become ready exits, so a restart policy or liveness probe can act.
+        server.should_exit = True
+
+    runtime.on_failure = stop_on_load_failure
+    server.run()
+    if runtime.phase is Phase.FAILED:
+        print(f"mmencode: error: the model failed to load: {runtime.failure}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -10,6 +10,7 @@ import asyncio
 import enum
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from app.fetch import ImageFetcher
 from app.metrics import Metrics
 from app.scheduler import Limits, Scheduler
 from app.worker import EncoderWorker
-from models import EncoderAdapter, load_encoder
+from models import CheckpointError, EncoderAdapter, load_encoder
 from models.tiny import build_tiny
 
 __all__ = ["Phase", "Runtime", "batch_token_budget", "default_model_dir", "resolve_device", "resolve_dtype"]
@@ -70,6 +71,8 @@ class Runtime:
         self.phase = Phase.STARTING
         self.started_at = int(time.time())
         self.failure: str | None = None
+        # Called once if the model fails to load; `mmencode serve` stops the process with it (fail fast).
+        self.on_failure: Callable[[], None] | None = None
         self.model_dir = settings.model or default_model_dir(settings)
         self.model_name = settings.served_model_name or self.model_dir.name
         self.adapter: EncoderAdapter | None = None
@@ -107,9 +110,15 @@ class Runtime:
             await asyncio.to_thread(worker.warmup)
             worker.start()
         except Exception as exc:
-            logger.exception("model failed to load from %s", self.model_dir)
+            if isinstance(exc, CheckpointError):
+                # The message says what is wrong with the checkpoint; a traceback would only bury it.
+                logger.error("cannot serve %s: %s", self.model_dir, exc)
+            else:
+                logger.exception("model failed to load from %s", self.model_dir)
             self.failure = f"{type(exc).__name__}: {exc}"
             self.phase = Phase.FAILED
+            if self.on_failure is not None:
+                self.on_failure()
             return
         limits = Limits(
             max_items=self.settings.max_items_per_request,

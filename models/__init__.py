@@ -5,7 +5,7 @@ This package never imports ``app`` or ``schemas``: it knows checkpoints and tens
 
 from models.base import EncoderAdapter, EncoderOutput, PreparedImage
 from models.errors import CheckpointError, MetadataError
-from models.registry import load_encoder, supported_families
+from models.registry import check_checkpoint, load_encoder, supported_families
 
 __all__ = [
     "CheckpointError",
@@ -13,6 +13,7 @@ __all__ = [
     "EncoderOutput",
     "MetadataError",
     "PreparedImage",
+    "check_checkpoint",
     "load_encoder",
     "supported_families",
 ]
