@@ -4,28 +4,39 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import typing
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 from types import FrameType
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import ByteSize, ValidationError
 from pydantic_core import PydanticUndefined
 
-from app.config import Settings
+from app import __version__
+from app.config import Settings, unknown_environment
 
 __all__ = ["main"]
 
 
+def _default_text(info: Any) -> str:
+    """The default as a user would write it: the value a factory computes here, sizes with units."""
+    default = info.get_default(call_default_factory=True)
+    if default is PydanticUndefined or default is None or default == []:
+        return "unset"
+    if isinstance(default, ByteSize):
+        for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+            if default and default % size == 0:
+                return f"{default // size}{unit}"
+    return str(default)
+
+
 def _flag_help(name: str, info: Any) -> str:
-    if info.default_factory is not None:
-        default = "computed"
-    elif info.default is PydanticUndefined or info.default is None:
-        default = "unset"
-    else:
-        default = info.default
-    parts = [info.description or "", f"[default: {default}; env MMENCODE_{name.upper()}]"]
+    default = _default_text(info)
+    said = f"default: {default}; " if default != "unset" else ""  # the description says what unset means
+    parts = [info.description or "", f"[{said}env MMENCODE_{name.upper()}]"]
     return " ".join(part for part in parts if part)
 
 
@@ -45,8 +56,19 @@ def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(flag, **kwargs)
 
 
+def _version_text() -> str:
+    libraries = []
+    for name in ("torch", "transformers"):
+        try:
+            libraries.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            libraries.append(f"{name} not installed")
+    return f"mmencode {__version__} ({', '.join(libraries)}, python {sys.version.split()[0]})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mmencode", description="Vision-encoder embeddings over HTTP.")
+    parser.add_argument("--version", action="version", version=_version_text())
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser(
         "serve",
@@ -91,13 +113,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(path)
         return 0
 
+    for warning in unknown_environment(os.environ):
+        print(f"mmencode: warning: {warning}", file=sys.stderr)
     overrides = {
         name: value for name, value in vars(args).items() if name in Settings.model_fields and value is not None
     }
     try:
         settings = Settings(**overrides)
     except ValidationError as exc:
-        print(f"mmencode: invalid settings:\n{exc}", file=sys.stderr)
+        # Without the input values: they may hold an API key.
+        for error in exc.errors(include_input=False, include_url=False):
+            where = ".".join(str(part) for part in error["loc"])
+            flag = f"--{where.replace('_', '-')}: " if where else ""
+            print(f"mmencode: error: invalid setting {flag}{error['msg']}", file=sys.stderr)
         return 2
     return serve(settings)
 
