@@ -165,6 +165,8 @@ def serve(settings: Settings) -> int:
         access_log=False,  # mmencode.access logs one line per request, with its id
         timeout_graceful_shutdown=30,
         timeout_keep_alive=settings.keep_alive_timeout,
+        ssl_certfile=settings.ssl_certfile,
+        ssl_keyfile=settings.ssl_keyfile,
     )
     server = DrainingServer(config)
 

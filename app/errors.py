@@ -82,6 +82,13 @@ class UnknownHash(InvalidRequest):
     code = "unknown_hash"
 
 
+class InvalidApiKey(InvalidRequest):
+    """401 with OpenAI's code, so OpenAI clients raise their ``AuthenticationError``."""
+
+    status = 401
+    code = "invalid_api_key"
+
+
 class ModelNotFound(InvalidRequest):
     status = 404
     code = "model_not_found"

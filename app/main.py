@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 
 from app import __version__
+from app.auth import ApiKeyMiddleware
 from app.body_limit import BodyLimitMiddleware
 from app.config import Settings
 from app.errors import install_error_handlers
@@ -46,6 +47,10 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.metrics = runtime.metrics
     # Outermost last: the request context wraps everything, the body limit sits inside it.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, metrics=runtime.metrics)
+    api_keys = settings.api_keys()
+    if api_keys:
+        # Outside the body limit: a request without a key is refused before its body is read.
+        app.add_middleware(ApiKeyMiddleware, keys=api_keys, metrics=runtime.metrics)
     app.add_middleware(RequestContextMiddleware, metrics=runtime.metrics)
     install_error_handlers(app)
     app.include_router(encode.router)
