@@ -51,8 +51,8 @@ class ApiKeyMiddleware:
         if error is None:
             await self.app(scope, receive, send)
             return
-        request_id = scope.get("state", {}).get("request_id")
-        await error_response(error, request_id, self.metrics)(scope, receive, send)
+        state = scope.setdefault("state", {})
+        await error_response(error, state.get("request_id"), self.metrics, state=state)(scope, receive, send)
 
     def _refusal(self, authorization: str | None) -> InvalidApiKey | None:
         scheme, _, token = (authorization or "").strip().partition(" ")

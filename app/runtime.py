@@ -96,7 +96,9 @@ class Runtime:
 
     # ----- lifecycle -----
     async def start(self) -> None:
-        """Load, warm up and start the worker; on failure the process stays up and not ready."""
+        """Load, warm up and start the worker; on failure ``on_failure`` is called and /ready stays 503."""
+        # uvicorn says "startup complete" once HTTP is up; the model is only loading now.
+        logger.info("loading the model from %s; /health answers now, /ready once it is loaded", self.model_dir)
         try:
             adapter = await asyncio.to_thread(self._load)
             worker = EncoderWorker(
@@ -130,7 +132,17 @@ class Runtime:
         self.adapter, self.worker = adapter, worker
         self._scheduler = Scheduler(adapter, worker, self.cache, self.fetcher, self._pool, limits, self.metrics)
         self.phase = Phase.READY
-        logger.info("ready: serving %s (%s) on %s", self.model_name, adapter.family, adapter.device)
+        scheme = "https" if self.settings.ssl_certfile is not None else "http"
+        logger.info(
+            "ready: serving %s (%s, %s) on %s at %s://%s:%d (/ready answers 200 from now on)",
+            self.model_name,
+            adapter.family,
+            str(adapter.dtype).removeprefix("torch."),
+            adapter.device,
+            scheme,
+            self.settings.host,
+            self.settings.port,
+        )
 
     def _load(self) -> EncoderAdapter:
         if self.settings.model is None and not (self.model_dir / "config.json").is_file():
