@@ -7,6 +7,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 
 from app import __version__
 from app.auth import ApiKeyMiddleware
@@ -37,11 +38,14 @@ def create_app(settings: Settings) -> FastAPI:
                     await loading
             await runtime.stop()
 
-    app = FastAPI(
+    # FastAPI with /docs and /redoc assets served from the installed package instead of a CDN.
+    app = FastAPIOffline(
         title="mmencode",
         version=__version__,
         description="Vision-encoder embeddings for multimodal LLM serving.",
         lifespan=lifespan,
+        # Swagger UI would otherwise send the schema to validator.swagger.io for its badge.
+        swagger_ui_parameters={"validatorUrl": None},
     )
     app.state.runtime = runtime
     app.state.metrics = runtime.metrics
