@@ -199,9 +199,16 @@ class Scheduler:
         fetched = await _gather_in_order(indices, [self._image_bytes(i, items[i]) for i in indices])
         results: list[ItemResult] = []
         pending: list[_Pending] = []
+        # The same image twice in one request is decoded and encoded once; its copies share the rows.
+        first_of: dict[str, int] = {}
+        copies: list[tuple[int, int]] = []  # (index, index of the first item with the same content)
         for index, data in zip(indices, fetched, strict=True):
             key = items[index].hash if data is None else content_hash(self.adapter.fingerprint, data)
             assert key is not None
+            if key in first_of:
+                copies.append((index, first_of[key]))
+                continue
+            first_of[key] = index
             hit = self.cache.get(key)
             self.metrics.cache_lookups.labels("hit" if hit is not None else "miss").inc()
             if hit is not None:
@@ -214,9 +221,16 @@ class Scheduler:
                 )
             else:
                 pending.append(_Pending(index, key, data))
-        if not pending:
-            return results
+        if pending:
+            results.extend(await self._encode_pending(pending))
+        by_index = {result.index: result for result in results}
+        for index, first in copies:
+            original = by_index[first]
+            results.append(ItemResult(index, original.source, original.hash, dict(original.metadata), original.rows))
+        return results
 
+    async def _encode_pending(self, pending: list[_Pending]) -> list[ItemResult]:
+        results: list[ItemResult] = []
         loop = asyncio.get_running_loop()
         prepared = await _gather_in_order(
             [p.index for p in pending],
