@@ -15,6 +15,12 @@ import pytest
 
 # The user the Dockerfile creates and runs the service as.
 IMAGE_UID = 10001
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_image_runs_as_the_uid_these_tests_read_as() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert f"--uid {IMAGE_UID} mmencode" in dockerfile and "\nUSER mmencode\n" in dockerfile
 
 
 def _make_tiny(*args: str) -> subprocess.CompletedProcess[str]:
