@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
 from app import __version__
-from app.auth import ApiKeyMiddleware
+from app.auth import ApiKeyMiddleware, is_protected
 from app.body_limit import BodyLimitMiddleware
 from app.config import Settings
 from app.errors import install_error_handlers
@@ -60,5 +60,5 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(encode.router)
     app.include_router(embeddings.router)
     app.include_router(health.router)
-    install_openapi(app)
+    install_openapi(app, bearer_protected=is_protected if api_keys else None)
     return app

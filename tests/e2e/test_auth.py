@@ -95,3 +95,13 @@ def test_keys_come_from_the_environment_as_a_comma_list(monkeypatch: pytest.Monk
 
 def test_without_keys_nothing_asks_for_one(qwen_server: LiveServer) -> None:
     assert httpx.get(qwen_server.url + "/v1/models").status_code == 200
+
+
+def test_the_openapi_document_says_which_routes_need_a_bearer_key(keyed_server: LiveServer) -> None:
+    spec = httpx.get(keyed_server.url + "/openapi.json").json()
+    assert spec["components"]["securitySchemes"]["apiKey"] == {
+        "type": "http", "scheme": "bearer", "description": "one of the --api-key keys"
+    }  # fmt: skip
+    for path, operations in spec["paths"].items():
+        for operation in operations.values():
+            assert ("security" in operation) == is_protected(path), path
