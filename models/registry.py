@@ -20,7 +20,7 @@ from models.internvl import InternVLAdapter
 from models.qwen2_vl import Qwen2_5_VLAdapter, Qwen2VLAdapter
 from models.weights import load_config_json, load_encoder_weights, weight_files
 
-__all__ = ["check_checkpoint", "load_encoder", "supported_families"]
+__all__ = ["check_checkpoint", "load_encoder", "supported_families", "supported_model_types"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +57,11 @@ _FAMILIES: dict[str, _Family] = {
 
 def supported_families() -> list[str]:
     return sorted({family.adapter.family for family in _FAMILIES.values()})
+
+
+def supported_model_types() -> list[str]:
+    """The ``model_type`` values of config.json that load: full checkpoints and standalone towers."""
+    return sorted(_FAMILIES)
 
 
 # "Qwen/Qwen2-VL-7B-Instruct": what a user passes when they expect a download.
