@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -139,12 +140,16 @@ class Settings(BaseSettings):
         return self
 
 
+# What Kubernetes injects for a Service named "mmencode" (service links): not settings, not typos.
+_SERVICE_LINK = re.compile(r"MMENCODE_(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT_\d+_(TCP|UDP|SCTP)(_\w+)?)")
+
+
 def unknown_environment(environ: Mapping[str, str], prefix: str = "MMENCODE_") -> list[str]:
     """A warning for each ``MMENCODE_*`` variable that names no setting (a typo would be ignored silently)."""
     known = {prefix + name.upper() for name in Settings.model_fields}
     warnings = []
     for variable in sorted(name for name in environ if name.upper().startswith(prefix)):
-        if variable.upper() in known:
+        if variable.upper() in known or _SERVICE_LINK.fullmatch(variable.upper()):
             continue
         close = difflib.get_close_matches(variable.upper(), known, n=1)
         hint = f"; did you mean {close[0]}?" if close else ""

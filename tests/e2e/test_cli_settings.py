@@ -42,6 +42,9 @@ def test_sizes_take_units(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_misspelled_variable_is_named_with_a_suggestion() -> None:
     warnings = unknown_environment({"MMENCODE_MODLE": "/m", "MMENCODE_PORT": "1", "PATH": "/bin"})
     assert warnings == ["MMENCODE_MODLE is not an mmencode setting and is ignored; did you mean MMENCODE_MODEL?"]
+    # Kubernetes' service-link variables for a Service named "mmencode" are not typos.
+    links = {"MMENCODE_SERVICE_HOST": "10.0.0.7", "MMENCODE_SERVICE_PORT_HTTP": "8000", "MMENCODE_PORT_8000_TCP": "x"}
+    assert unknown_environment(links) == []
 
 
 def test_serve_warns_about_unknown_variables_and_reports_bad_values_in_one_line_each(tmp_path: Path) -> None:
