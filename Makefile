@@ -2,14 +2,23 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+TORCH_VERSION ?= 2.13.0
+# Where torch comes from when no local wheel is there. On a GPU machine, e.g.:
+#   make TORCH_INDEX=https://download.pytorch.org/whl/cu128 serve
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
 .PHONY: serve test lint
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	# The local CPU wheel: a bare `torch` from the index would be a multi-GB CUDA build.
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet "torch==2.13.0"
+	# torch first, CPU-only: PyPI's Linux `torch` is a multi-GB CUDA build. A wheel already on this
+	# machine (pip's find-links) is used as is, its dependencies from the usual index; otherwise
+	# PyTorch's CPU-only index. GPU: see README.
+	$(BIN)/python -c "import torch" 2>/dev/null \
+		|| { $(BIN)/pip install --quiet --no-index --no-deps "torch==$(TORCH_VERSION)" 2>/dev/null \
+			&& $(BIN)/pip install --quiet "torch==$(TORCH_VERSION)"; } \
+		|| $(BIN)/pip install --quiet --index-url $(TORCH_INDEX) "torch==$(TORCH_VERSION)"
 	$(BIN)/pip install --quiet -e ".[test]"
 	touch $@
 

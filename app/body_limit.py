@@ -31,8 +31,10 @@ class BodyLimitMiddleware:
         declared = Headers(scope=scope).get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             # Refused from the header alone, without reading a byte of the body.
-            request_id = scope.get("state", {}).get("request_id")
-            response = error_response(self._too_large(int(declared)), request_id, self.metrics)
+            state = scope.setdefault("state", {})
+            response = error_response(
+                self._too_large(int(declared)), state.get("request_id"), self.metrics, state=state
+            )
             await response(scope, receive, send)
             return
 

@@ -4,29 +4,40 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import typing
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 from types import FrameType
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import ByteSize, ValidationError
 from pydantic_core import PydanticUndefined
 
-from app.config import Settings
+from app import __version__
+from app.config import Settings, unknown_environment
 from models.catalog import TINY_FAMILIES, catalog_text
 
 __all__ = ["main"]
 
 
+def _default_text(info: Any) -> str:
+    """The default as a user would write it: the value a factory computes here, sizes with units."""
+    default = info.get_default(call_default_factory=True)
+    if default is PydanticUndefined or default is None or default == []:
+        return "unset"
+    if isinstance(default, ByteSize):
+        for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+            if default and default % size == 0:
+                return f"{default // size}{unit}"
+    return str(default)
+
+
 def _flag_help(name: str, info: Any) -> str:
-    if info.default_factory is not None:
-        default = "computed"
-    elif info.default is PydanticUndefined or info.default is None:
-        default = "unset"
-    else:
-        default = info.default
-    parts = [info.description or "", f"[default: {default}; env MMENCODE_{name.upper()}]"]
+    default = _default_text(info)
+    said = f"default: {default}; " if default != "unset" else ""  # the description says what unset means
+    parts = [info.description or "", f"[{said}env MMENCODE_{name.upper()}]"]
     return " ".join(part for part in parts if part)
 
 
@@ -46,8 +57,19 @@ def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(flag, **kwargs)
 
 
+def _version_text() -> str:
+    libraries = []
+    for name in ("torch", "transformers"):
+        try:
+            libraries.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            libraries.append(f"{name} not installed")
+    return f"mmencode {__version__} ({', '.join(libraries)}, python {sys.version.split()[0]})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mmencode", description="Vision-encoder embeddings over HTTP.")
+    parser.add_argument("--version", action="version", version=_version_text())
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser(
         "serve",
@@ -61,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("directory")
     tiny.add_argument("--family", default="qwen2_vl", choices=TINY_FAMILIES)
     tiny.add_argument("--layout", default="full", choices=["full", "vision"], help="full VLM, or the tower alone")
+    tiny.add_argument("--force", action="store_true", help="replace DIRECTORY even if it is not empty")
     tiny.add_argument(
         "--processor-merge-size",
         type=int,
@@ -75,19 +98,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "make-tiny":
         from models.tiny import build_tiny
 
-        path = build_tiny(
-            args.directory, args.family, layout=args.layout, processor_merge_size=args.processor_merge_size
-        )
+        try:
+            path = build_tiny(
+                args.directory,
+                args.family,
+                layout=args.layout,
+                processor_merge_size=args.processor_merge_size,
+                overwrite=args.force,
+            )
+        except FileExistsError:
+            print(
+                f"mmencode make-tiny: {args.directory} is not empty; nothing was changed. "
+                "Pass --force to replace it, or choose an empty or new directory.",
+                file=sys.stderr,
+            )
+            return 1
         print(path)
         return 0
 
+    for warning in unknown_environment(os.environ):
+        print(f"mmencode: warning: {warning}", file=sys.stderr)
     overrides = {
         name: value for name, value in vars(args).items() if name in Settings.model_fields and value is not None
     }
     try:
         settings = Settings(**overrides)
     except ValidationError as exc:
-        print(f"mmencode: invalid settings:\n{exc}", file=sys.stderr)
+        # Without the input values: they may hold an API key.
+        for error in exc.errors(include_input=False, include_url=False):
+            where = ".".join(str(part) for part in error["loc"])
+            flag = f"--{where.replace('_', '-')}: " if where else ""
+            print(f"mmencode: error: invalid setting {flag}{error['msg']}", file=sys.stderr)
         return 2
     return serve(settings)
 
@@ -96,7 +137,16 @@ def serve(settings: Settings) -> int:
     import uvicorn
 
     from app.main import create_app
-    from app.runtime import DRAIN_GRACE_S
+    from app.runtime import DRAIN_GRACE_S, Phase
+    from models import CheckpointError, check_checkpoint
+
+    if settings.model is not None:
+        # Fail before binding the port on what can be known now: a missing directory, a hub id, no weights.
+        try:
+            check_checkpoint(settings.model)
+        except CheckpointError as exc:
+            print(f"mmencode: error: {exc}", file=sys.stderr)
+            return 2
 
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
@@ -118,8 +168,20 @@ def serve(settings: Settings) -> int:
         access_log=False,  # mmencode.access logs one line per request, with its id
         timeout_graceful_shutdown=int(DRAIN_GRACE_S),
         timeout_keep_alive=settings.keep_alive_timeout,
+        ssl_certfile=settings.ssl_certfile,
+        ssl_keyfile=settings.ssl_keyfile,
     )
-    DrainingServer(config).run()
+    server = DrainingServer(config)
+
+    def stop_on_load_failure() -> None:
+        # A server that can never become ready exits, so a restart policy or liveness probe can act.
+        server.should_exit = True
+
+    runtime.on_failure = stop_on_load_failure
+    server.run()
+    if runtime.phase is Phase.FAILED:
+        print(f"mmencode: error: the model failed to load: {runtime.failure}", file=sys.stderr)
+        return 1
     return 0
 
 

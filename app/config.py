@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import difflib
+import json
 import os
+import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import ByteSize, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-__all__ = ["Settings"]
+__all__ = ["Settings", "unknown_environment"]
 
 MiB = 1024 * 1024
 
@@ -37,9 +41,11 @@ class Settings(BaseSettings):
     cache_dir: Path = Field(default_factory=_default_cache_dir, description="Where the embedded model is built.")
 
     # --- HTTP ---
-    host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=0, le=65535)
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    host: str = Field(
+        default="127.0.0.1", description="Address to listen on; 0.0.0.0 (or ::) to accept connections from other hosts."
+    )
+    port: int = Field(default=8000, ge=0, le=65535, description="TCP port to listen on.")
+    log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Logging threshold.")
     keep_alive_timeout: int = Field(
         default=75,
         ge=1,
@@ -59,11 +65,14 @@ class Settings(BaseSettings):
     max_queue: int = Field(default=256, ge=1, description="Requests waiting for the encoder; past it: 503.")
     request_timeout: float = Field(default=60.0, gt=0, description="Seconds before a request answers 504.")
     preprocess_workers: int = Field(
-        default_factory=lambda: max(1, os.cpu_count() or 1), ge=1, description="Threads decoding images."
+        default_factory=lambda: max(1, os.cpu_count() or 1), ge=1, description="Threads decoding images; default: CPUs."
     )
 
     # --- cache ---
-    cache_bytes: int = Field(default=512 * MiB, ge=0, description="Embedding cache size in bytes; 0 disables it.")
+    # Sizes: bytes, or with a unit (512MiB, 1GiB, 500MB); pydantic's ByteSize parses them.
+    cache_bytes: ByteSize = Field(
+        default=ByteSize(512 * MiB), ge=0, description="Embedding cache size, e.g. 512MiB or 2GiB; 0 disables it."
+    )
     shared_cache: str | None = Field(
         default=None,
         description="Redis/Valkey URL of a cache shared by replicas (redis://HOST:PORT/DB, rediss:// for TLS, "
@@ -79,8 +88,8 @@ class Settings(BaseSettings):
         description="Seconds one shared-cache call may take before it counts as a miss; after a failure the tier "
         "rests for a second, then is tried again.",
     )
-    shared_cache_max_value_bytes: int = Field(
-        default=64 * MiB, ge=1024, description="Larger items are not written to the shared cache."
+    shared_cache_max_value_bytes: ByteSize = Field(
+        default=ByteSize(64 * MiB), ge=1024, description="Larger items are not written to the shared cache (64MiB)."
     )
     shared_cache_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         default="auto",
@@ -89,24 +98,60 @@ class Settings(BaseSettings):
     )
 
     # --- limits ---
-    max_items_per_request: int = Field(default=64, ge=1)
-    max_body_bytes: int = Field(default=64 * MiB, ge=1024)
-    max_image_bytes: int = Field(default=20 * MiB, ge=1)
+    max_items_per_request: int = Field(default=64, ge=1, description="Images per request; past it: 413.")
+    max_body_bytes: ByteSize = Field(
+        default=ByteSize(64 * MiB), ge=1024, description="Request body size; past it: 413."
+    )
+    max_image_bytes: ByteSize = Field(
+        default=ByteSize(20 * MiB), ge=1, description="One image file's size; past it: 413."
+    )
     max_image_pixels: int = Field(default=40_000_000, ge=1, description="Width*height, checked before decoding.")
 
     # --- URL fetching ---
-    url_fetch_timeout: float = Field(default=10.0, gt=0)
-    url_max_redirects: int = Field(default=3, ge=0)
+    url_fetch_timeout: float = Field(default=10.0, gt=0, description="Seconds for a whole image URL fetch.")
+    url_max_redirects: int = Field(default=3, ge=0, description="Redirects followed per image URL.")
     allow_private_urls: bool = Field(default=False, description="Allow URLs that resolve to private addresses.")
-    allowed_url_hosts: list[str] = Field(
+    allowed_url_hosts: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
-        description="Hosts exempt from the private-address check (a JSON list in the environment).",
+        description="Hosts exempt from the private-address check, comma-separated (a,b).",
     )
+
+    # --- security ---
+    api_key: Annotated[list[SecretStr], NoDecode] = Field(
+        default_factory=list,
+        description="Keys clients must send as `Authorization: Bearer KEY` on /v1/*, comma-separated; "
+        "unset: no authentication. Probes and /metrics stay open.",
+    )
+    api_key_file: Path | None = Field(
+        default=None, description="A file of API keys, one per line (# comments), added to --api-key."
+    )
+    ssl_certfile: Path | None = Field(default=None, description="PEM certificate (chain): serve HTTPS.")
+    ssl_keyfile: Path | None = Field(default=None, description="PEM private key of --ssl-certfile.")
+
+    @field_validator("allowed_url_hosts", "api_key", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        """``a,b`` from a flag or the environment; a JSON list is accepted too."""
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [part.strip() for part in text.split(",") if part.strip()]
+        return value
+
+    def api_keys(self) -> list[str]:
+        """Every accepted key: --api-key's, then --api-key-file's."""
+        keys = [key.get_secret_value() for key in self.api_key]
+        if self.api_key_file is not None:
+            for line in self.api_key_file.read_text().splitlines():
+                if line.strip() and not line.lstrip().startswith("#"):
+                    keys.append(line.strip())
+        return keys
 
     @field_validator("shared_cache")
     @classmethod
     def _redis_url(cls, value: str | None) -> str | None:
-        if value is not None and value.partition("://")[0] not in {"redis", "rediss", "unix"}:
+        if value and value.partition("://")[0] not in {"redis", "rediss", "unix"}:
             raise ValueError("shared_cache must be a redis://, rediss:// or unix:// URL")
         return value or None
 
@@ -114,4 +159,29 @@ class Settings(BaseSettings):
     def _sane(self) -> Settings:
         if self.max_image_bytes > self.max_body_bytes:
             raise ValueError("max_image_bytes cannot exceed max_body_bytes")
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ValueError("ssl_certfile and ssl_keyfile go together: give both to serve HTTPS, or neither")
+        for name in ("ssl_certfile", "ssl_keyfile", "api_key_file"):
+            path = getattr(self, name)
+            if path is not None and not path.is_file():
+                raise ValueError(f"{name} {path} is not a readable file")
+        if self.api_key_file is not None and not self.api_keys():
+            raise ValueError(f"api_key_file {self.api_key_file} holds no key")
         return self
+
+
+# What Kubernetes injects for a Service named "mmencode" (service links): not settings, not typos.
+_SERVICE_LINK = re.compile(r"MMENCODE_(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT_\d+_(TCP|UDP|SCTP)(_\w+)?)")
+
+
+def unknown_environment(environ: Mapping[str, str], prefix: str = "MMENCODE_") -> list[str]:
+    """A warning for each ``MMENCODE_*`` variable that names no setting (a typo would be ignored silently)."""
+    known = {prefix + name.upper() for name in Settings.model_fields}
+    warnings = []
+    for variable in sorted(name for name in environ if name.upper().startswith(prefix)):
+        if variable.upper() in known or _SERVICE_LINK.fullmatch(variable.upper()):
+            continue
+        close = difflib.get_close_matches(variable.upper(), known, n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        warnings.append(f"{variable} is not an mmencode setting and is ignored{hint}")
+    return warnings

@@ -8,7 +8,7 @@ anything unexpected, in the single error shape of ``schemas.errors``. Tracebacks
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any, ClassVar
 
 from fastapi import FastAPI, Request
@@ -82,6 +82,13 @@ class UnknownHash(InvalidRequest):
     code = "unknown_hash"
 
 
+class InvalidApiKey(InvalidRequest):
+    """401 with OpenAI's code, so OpenAI clients raise their ``AuthenticationError``."""
+
+    status = 401
+    code = "invalid_api_key"
+
+
 class ModelNotFound(InvalidRequest):
     status = 404
     code = "model_not_found"
@@ -135,12 +142,22 @@ def request_id_of(request: Request) -> str | None:
 
 
 def _render(request: Request, error: ServiceError) -> Response:
-    return error_response(error, request_id_of(request), getattr(request.app.state, "metrics", None))
+    state = request.scope.setdefault("state", {})
+    return error_response(error, request_id_of(request), getattr(request.app.state, "metrics", None), state=state)
 
 
-def error_response(error: ServiceError, request_id: str | None, metrics: Metrics | None = None) -> Response:
+def error_response(
+    error: ServiceError,
+    request_id: str | None,
+    metrics: Metrics | None = None,
+    *,
+    state: MutableMapping[str, Any] | None = None,
+) -> Response:
+    """The error as a response. ``state`` (the ASGI scope's) records the code for the access line."""
     if metrics is not None:
         metrics.errors.labels(error.code).inc()
+    if state is not None:
+        state["error_code"] = error.code
     body = {
         "error": {
             "message": error.message,

@@ -7,8 +7,10 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 
 from app import __version__
+from app.auth import ApiKeyMiddleware, is_protected
 from app.body_limit import BodyLimitMiddleware
 from app.config import Settings
 from app.errors import install_error_handlers
@@ -36,20 +38,27 @@ def create_app(settings: Settings) -> FastAPI:
                     await loading
             await runtime.stop()
 
-    app = FastAPI(
+    # FastAPI with /docs and /redoc assets served from the installed package instead of a CDN.
+    app = FastAPIOffline(
         title="mmencode",
         version=__version__,
         description="Vision-encoder embeddings for multimodal LLM serving.",
         lifespan=lifespan,
+        # Swagger UI would otherwise send the schema to validator.swagger.io for its badge.
+        swagger_ui_parameters={"validatorUrl": None},
     )
     app.state.runtime = runtime
     app.state.metrics = runtime.metrics
     # Outermost last: the request context wraps everything, the body limit sits inside it.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, metrics=runtime.metrics)
+    api_keys = settings.api_keys()
+    if api_keys:
+        # Outside the body limit: a request without a key is refused before its body is read.
+        app.add_middleware(ApiKeyMiddleware, keys=api_keys, metrics=runtime.metrics)
     app.add_middleware(RequestContextMiddleware, metrics=runtime.metrics)
     install_error_handlers(app)
     app.include_router(encode.router)
     app.include_router(embeddings.router)
     app.include_router(health.router)
-    install_openapi(app)
+    install_openapi(app, bearer_protected=is_protected if api_keys else None)
     return app

@@ -26,8 +26,8 @@ class Metrics:
             ["route", "method", "status"], registry=r,
         )  # fmt: skip
         self.request_seconds = Histogram(
-            "mmencode_request_duration_seconds", "Time from request to response, by route and status.",
-            ["route", "status"], buckets=_LATENCY_BUCKETS, registry=r,
+            "mmencode_request_duration_seconds", "Time from request to response, by route, method and status.",
+            ["route", "method", "status"], buckets=_LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         self.errors = Counter("mmencode_errors", "Error responses by error code.", ["code"], registry=r)
         self.items = Counter(

@@ -14,6 +14,7 @@ import uuid
 
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.requests import ClientDisconnect
+from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.errors import InternalError, error_response
@@ -69,23 +70,52 @@ class RequestContextMiddleware:
             if response_started:
                 raise
             error = InternalError(f"internal error; see the server log for request {request_id}")
-            response = error_response(error, request_id, self.metrics)
+            response = error_response(error, request_id, self.metrics, state=state)
             await response(scope, receive, send_with_id)
         finally:
             if is_load:
                 self.metrics.requests_in_flight.dec()
             elapsed = time.perf_counter() - started
-            # The route template, not the raw path: label values must stay few.
-            route = getattr(scope.get("route"), "path", "unmatched")
-            self.metrics.requests.labels(route, scope.get("method", "-"), str(status)).inc()
-            self.metrics.request_seconds.labels(route, str(status)).observe(elapsed)
+            route = _route_template(scope)
+            method = scope.get("method", "-")
+            self.metrics.requests.labels(route, method, str(status)).inc()
+            self.metrics.request_seconds.labels(route, method, str(status)).observe(elapsed)
+            # A refused request names its error code; never a header (keys) or a body.
+            code = state.get("error_code")
             access_log.info(
-                "%s %s %s %d items=%s tokens=%s %.1fms",
+                "%s %s %s %s %d items=%s tokens=%s %.1fms%s",
                 request_id,
-                scope.get("method", "-"),
+                _client(scope),
+                method,
                 scope.get("path", "-"),
                 status,
                 state.get("items", "-"),
                 state.get("tokens", "-"),
                 elapsed * 1000,
+                f" code={code}" if code else "",
             )
+
+
+def _client(scope: Scope) -> str:
+    """host:port of the peer (behind a trusted proxy, uvicorn has already put the forwarded address here)."""
+    client = scope.get("client")
+    if not client:
+        return "-"
+    host, port = client
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+
+
+def _route_template(scope: Scope) -> str:
+    """The route's path template, not the raw path: label values must stay few.
+
+    FastAPI's API routes put themselves in the scope; the routes it adds itself (``/docs``,
+    ``/openapi.json``) and mounts (static files) do not, so those are matched here, once, after the fact.
+    """
+    route = scope.get("route")
+    if route is not None:
+        return str(getattr(route, "path", "unmatched"))
+    app = scope.get("app")
+    for candidate in getattr(app, "routes", ()):
+        if isinstance(candidate, BaseRoute) and candidate.matches(scope)[0] is Match.FULL:
+            return str(getattr(candidate, "path", "unmatched"))
+    return "unmatched"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI
@@ -16,6 +17,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse, "description": description}
     for status, description in {
         400: "Invalid request: partial_precomputed, missing_metadata, invalid_image, unknown_hash, ...",
+        401: "invalid_api_key: API keys are configured and the Bearer key is missing or wrong",
         404: "model_not_found",
         413: "payload_too_large",
         422: "validation_error: the body does not fit the schema",
@@ -37,7 +39,9 @@ def request_body(model: type[BaseModel], *, multipart: dict[str, Any] | None = N
     return {"requestBody": {"required": True, "content": content}}
 
 
-def install_openapi(app: FastAPI) -> None:
+def install_openapi(app: FastAPI, *, bearer_protected: Callable[[str], bool] | None = None) -> None:
+    """``bearer_protected``: which paths need ``Authorization: Bearer`` (API keys on), so /docs can send one."""
+
     def openapi() -> dict[str, Any]:
         if app.openapi_schema:
             return app.openapi_schema
@@ -47,6 +51,13 @@ def install_openapi(app: FastAPI) -> None:
             model_schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
             components.update(model_schema.pop("$defs", {}))
             components[name] = model_schema
+        if bearer_protected is not None:
+            schemes = schema["components"].setdefault("securitySchemes", {})
+            schemes["apiKey"] = {"type": "http", "scheme": "bearer", "description": "one of the --api-key keys"}
+            for path, operations in schema.get("paths", {}).items():
+                if bearer_protected(path):
+                    for operation in operations.values():
+                        operation["security"] = [{"apiKey": []}]
         app.openapi_schema = schema
         return schema
 

@@ -10,6 +10,7 @@ import asyncio
 import enum
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from app.fetch import ImageFetcher
 from app.metrics import Metrics
 from app.scheduler import Limits, Scheduler
 from app.worker import EncoderWorker
-from models import EncoderAdapter, load_encoder
+from models import CheckpointError, EncoderAdapter, load_encoder
 from models.tiny import build_tiny
 
 __all__ = [
@@ -85,6 +86,8 @@ class Runtime:
         self.phase = Phase.STARTING
         self.started_at = int(time.time())
         self.failure: str | None = None
+        # Called once if the model fails to load; `mmencode serve` stops the process with it (fail fast).
+        self.on_failure: Callable[[], None] | None = None
         self.model_dir = settings.model or default_model_dir(settings)
         self.model_name = settings.served_model_name or self.model_dir.name
         self.adapter: EncoderAdapter | None = None
@@ -109,7 +112,9 @@ class Runtime:
 
     # ----- lifecycle -----
     async def start(self) -> None:
-        """Load, warm up and start the worker; on failure the process stays up and not ready."""
+        """Load, warm up and start the worker; on failure ``on_failure`` is called and /ready stays 503."""
+        # uvicorn says "startup complete" once HTTP is up; the model is only loading now.
+        logger.info("loading the model from %s; /health answers now, /ready once it is loaded", self.model_dir)
         try:
             adapter = await asyncio.to_thread(self._load)
             worker = EncoderWorker(
@@ -123,9 +128,15 @@ class Runtime:
             await asyncio.to_thread(worker.warmup)
             worker.start()
         except Exception as exc:
-            logger.exception("model failed to load from %s", self.model_dir)
+            if isinstance(exc, CheckpointError):
+                # The message says what is wrong with the checkpoint; a traceback would only bury it.
+                logger.error("cannot serve %s: %s", self.model_dir, exc)
+            else:
+                logger.exception("model failed to load from %s", self.model_dir)
             self.failure = f"{type(exc).__name__}: {exc}"
             self.phase = Phase.FAILED
+            if self.on_failure is not None:
+                self.on_failure()
             return
         limits = Limits(
             max_items=self.settings.max_items_per_request,
@@ -139,12 +150,22 @@ class Runtime:
             self.cache.shared = self._shared_cache(adapter)
         self._scheduler = Scheduler(adapter, worker, self.cache, self.fetcher, self._pool, limits, self.metrics)
         self.phase = Phase.READY
-        logger.info("ready: serving %s (%s) on %s", self.model_name, adapter.family, adapter.device)
+        scheme = "https" if self.settings.ssl_certfile is not None else "http"
+        logger.info(
+            "ready: serving %s (%s, %s) on %s at %s://%s:%d (/ready answers 200 from now on)",
+            self.model_name,
+            adapter.family,
+            str(adapter.dtype).removeprefix("torch."),
+            adapter.device,
+            scheme,
+            self.settings.host,
+            self.settings.port,
+        )
 
     def _load(self) -> EncoderAdapter:
         if self.settings.model is None and not (self.model_dir / "config.json").is_file():
             logger.info("building the embedded tiny model into %s", self.model_dir)
-            build_tiny(self.model_dir, "qwen2_vl")
+            build_tiny(self.model_dir, "qwen2_vl", overwrite=True)
         device = resolve_device(self.settings.device)
         return load_encoder(self.model_dir, device=device, dtype=resolve_dtype(self.settings.dtype, device))
 

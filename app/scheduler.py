@@ -199,13 +199,20 @@ class Scheduler:
         fetched = await _gather_in_order(indices, [self._image_bytes(i, items[i]) for i in indices])
         results: list[ItemResult] = []
         pending: list[_Pending] = []
-        keys: list[str] = []
+        # The same image twice in one request is decoded and encoded once; its copies share the rows.
+        first_of: dict[str, int] = {}
+        copies: list[tuple[int, int]] = []  # (index, index of the first item with the same content)
+        unique: list[tuple[int, bytes | None, str]] = []
         for index, data in zip(indices, fetched, strict=True):
             key = items[index].hash if data is None else content_hash(self.adapter.fingerprint, data)
             assert key is not None  # an item without image bytes came with a hash
-            keys.append(key)
-        hits = await self.cache.get_many(keys)  # local, then shared: one round trip for the request
-        for index, data, key, hit in zip(indices, fetched, keys, hits, strict=True):
+            if key in first_of:
+                copies.append((index, first_of[key]))
+                continue
+            first_of[key] = index
+            unique.append((index, data, key))
+        hits = await self.cache.get_many([key for _, _, key in unique])  # local, then shared: one round trip
+        for (index, data, key), hit in zip(unique, hits, strict=True):
             if hit is not None:
                 results.append(ItemResult(index, "cache", key, dict(hit.value.metadata), hit.value.rows))
             elif data is None:
@@ -216,9 +223,16 @@ class Scheduler:
                 )
             else:
                 pending.append(_Pending(index, key, data))
-        if not pending:
-            return results
+        if pending:
+            results.extend(await self._encode_pending(pending))
+        by_index = {result.index: result for result in results}
+        for index, first in copies:
+            original = by_index[first]
+            results.append(ItemResult(index, original.source, original.hash, dict(original.metadata), original.rows))
+        return results
 
+    async def _encode_pending(self, pending: list[_Pending]) -> list[ItemResult]:
+        results: list[ItemResult] = []
         loop = asyncio.get_running_loop()
         prepared = await _gather_in_order(
             [p.index for p in pending],

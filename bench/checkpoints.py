@@ -41,7 +41,7 @@ def build_checkpoint(kind: str, root: Path) -> Path:
     if kind == "mid":
         return _build_mid(directory)
     if kind == "tiny":
-        return build_tiny(directory, "qwen2_vl")
+        return build_tiny(directory, "qwen2_vl", overwrite=True)
     if kind == "clip":
-        return build_tiny(directory, "clip")
+        return build_tiny(directory, "clip", overwrite=True)
     raise ValueError(f"unknown checkpoint kind {kind!r}")

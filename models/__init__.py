@@ -12,16 +12,18 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from models.base import EncoderAdapter, EncoderOutput, PreparedImage
     from models.errors import CheckpointError, MetadataError
-    from models.registry import load_encoder, supported_families
+    from models.registry import check_checkpoint, load_encoder, supported_families
 
+# Name -> the submodule that defines it, relative to this package.
 _HOMES = {
-    "CheckpointError": "models.errors",
-    "EncoderAdapter": "models.base",
-    "EncoderOutput": "models.base",
-    "MetadataError": "models.errors",
-    "PreparedImage": "models.base",
-    "load_encoder": "models.registry",
-    "supported_families": "models.registry",
+    "CheckpointError": ".errors",
+    "EncoderAdapter": ".base",
+    "EncoderOutput": ".base",
+    "MetadataError": ".errors",
+    "PreparedImage": ".base",
+    "check_checkpoint": ".registry",
+    "load_encoder": ".registry",
+    "supported_families": ".registry",
 }
 
 __all__ = [
@@ -30,6 +32,7 @@ __all__ = [
     "EncoderOutput",
     "MetadataError",
     "PreparedImage",
+    "check_checkpoint",
     "load_encoder",
     "supported_families",
 ]
@@ -37,5 +40,5 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name not in _HOMES:
-        raise AttributeError(f"module 'models' has no attribute {name!r}")
-    return getattr(importlib.import_module(_HOMES[name]), name)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_HOMES[name], __name__), name)

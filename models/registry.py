@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +24,9 @@ from models.llava_onevision import LlavaOnevisionAdapter
 from models.mistral3 import Mistral3Adapter
 from models.qwen2_vl import Qwen2_5_VLAdapter, Qwen2VLAdapter
 from models.qwen3_vl import Qwen3_5Adapter, Qwen3VLAdapter
-from models.weights import load_config_json, load_encoder_weights
+from models.weights import load_config_json, load_encoder_weights, weight_files
 
-__all__ = ["load_encoder", "supported_families", "supported_model_types"]
+__all__ = ["check_checkpoint", "load_encoder", "supported_families", "supported_model_types"]
 
 logger = logging.getLogger(__name__)
 
@@ -77,18 +78,57 @@ def supported_families() -> list[str]:
 
 
 def supported_model_types() -> list[str]:
+    """The ``model_type`` values of config.json that load: full checkpoints and standalone towers."""
     return sorted(_FAMILIES)
+
+
+# "Qwen/Qwen2-VL-7B-Instruct": what a user passes when they expect a download.
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def check_checkpoint(checkpoint: Path | str) -> None:
+    """Fail with one clear :class:`CheckpointError` if ``checkpoint`` cannot be served, reading no weights.
+
+    What a server can know before it binds its port: the directory, its configs, the family, the
+    weight files. Whether the weights fit the config is only known while they load.
+    """
+    _family_of(Path(checkpoint))
+
+
+def _family_of(checkpoint: Path) -> _Family:
+    if not checkpoint.exists():
+        text = str(checkpoint)
+        if _HUB_ID.fullmatch(text):
+            local = "./" + text.rsplit("/", 1)[1]
+            raise CheckpointError(
+                f"{text} is not a local directory; mmencode downloads nothing and loads save_pretrained "
+                f"directories only. If it is a Hugging Face model id, download it first: "
+                f"`hf download {text} --local-dir {local}` (older huggingface_hub: `huggingface-cli download`), "
+                f"then pass --model {local}"
+            )
+        raise CheckpointError(f"{checkpoint} does not exist; --model takes a local save_pretrained directory")
+    if not checkpoint.is_dir():
+        raise CheckpointError(f"{checkpoint} is a file; --model takes a local save_pretrained directory")
+    model_type = str(load_config_json(checkpoint).get("model_type"))
+    family = _FAMILIES.get(model_type)
+    if family is None:
+        raise CheckpointError(
+            f"model_type {model_type!r} in {checkpoint}/config.json is not supported; supported: {sorted(_FAMILIES)} "
+            "(a full VLM checkpoint of one of these, or its vision tower alone)"
+        )
+    if not any((checkpoint / name).is_file() for name in ("preprocessor_config.json", "processor_config.json")):
+        raise CheckpointError(
+            f"{checkpoint} has no preprocessor_config.json or processor_config.json: the image processor is "
+            "required (download the checkpoint's processor files too, not only the weights)"
+        )
+    weight_files(checkpoint)
+    return family
 
 
 def load_encoder(checkpoint: Path | str, *, device: torch.device, dtype: torch.dtype) -> EncoderAdapter:
     """Build the encoder of a local ``save_pretrained`` directory on ``device``; never the language model."""
     checkpoint = Path(checkpoint)
-    model_type = str(load_config_json(checkpoint).get("model_type"))
-    family = _FAMILIES.get(model_type)
-    if family is None:
-        raise CheckpointError(
-            f"model_type {model_type!r} in {checkpoint}/config.json is not supported; supported: {sorted(_FAMILIES)}"
-        )
+    family = _family_of(checkpoint)
     adapter_cls = family.adapter
     config = adapter_cls.load_config(checkpoint)
     tower_config = family.tower_config(config)

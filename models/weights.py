@@ -41,7 +41,12 @@ def weight_files(checkpoint: Path) -> list[Path]:
     single = checkpoint / "model.safetensors"
     if single.is_file():
         return [single]
-    raise CheckpointError(f"{checkpoint} has no model.safetensors (only safetensors checkpoints are loaded)")
+    if any(checkpoint.glob("*.bin")) or any(checkpoint.glob("*.pt")):
+        raise CheckpointError(
+            f"{checkpoint} has only pickled weights (*.bin / *.pt); only safetensors checkpoints are loaded: "
+            "download the model's safetensors files, or convert with save_pretrained(safe_serialization=True)"
+        )
+    raise CheckpointError(f"{checkpoint} has no model.safetensors: no weights to load (only safetensors are loaded)")
 
 
 def _checkpoint_keys(files: Iterable[Path]) -> dict[str, Path]:

@@ -7,9 +7,11 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from app.cli import build_parser
+from app.config import Settings, unknown_environment
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,3 +62,16 @@ def test_readme_opens_with_the_serve_and_test_commands() -> None:
     assert first == ["make serve", "make test"]
     ci = (ROOT / ".ci" / "run").read_text()
     assert shlex.split(ci.strip().splitlines()[-1]) == ["make", "test"]
+
+
+def test_compose_environment_is_valid_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    environment = {
+        name: re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", str(value))  # compose's ${VAR:-default}, unset
+        for name, value in _service()["environment"].items()
+    }
+    assert unknown_environment(environment) == []
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    settings = Settings()
+    assert str(settings.model) == "/models/encoder" and settings.device == "cuda"
+    assert settings.api_keys() == []  # MMENCODE_API_KEY unset: no authentication, as documented

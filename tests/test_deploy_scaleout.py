@@ -156,6 +156,10 @@ def test_deployment_one_gpu_per_pod_probes_and_drain() -> None:
     env = {e["name"]: e["value"] for e in container["env"]}
     assert mounts[env["MMENCODE_MODEL"]]["readOnly"] is True
     assert env["MMENCODE_CACHE_DIR"] in mounts
+    # Kubernetes would set MMENCODE_PORT=tcp://IP:8000 for the Service "mmencode": an invalid port setting.
+    assert pod["enableServiceLinks"] is False
+    with pytest.raises(ValueError):
+        Settings(port="tcp://10.0.0.1:8000")  # type: ignore[arg-type]
 
 
 def test_shared_cache_is_wired_to_the_valkey_service() -> None:

@@ -80,8 +80,11 @@ def test_unknown_family_and_missing_files(tmp_path: Path, checkpoints: dict[str,
     (tmp_path / "llama" / "config.json").write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(CheckpointError, match="not supported"):
         load_encoder(tmp_path / "llama", device=CPU, dtype=torch.float32)
-    with pytest.raises(CheckpointError, match=r"no config\.json"):
+    with pytest.raises(CheckpointError, match=r"does not exist"):
         load_encoder(tmp_path / "nowhere", device=CPU, dtype=torch.float32)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match=r"no config\.json"):
+        load_encoder(tmp_path / "empty", device=CPU, dtype=torch.float32)
     no_processor = tmp_path / "no-processor"
     shutil.copytree(checkpoints["clip"], no_processor)
     (no_processor / "preprocessor_config.json").unlink()

@@ -9,7 +9,8 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from app.deps import RuntimeDep
-from app.errors import ServiceError, UnsupportedParameter
+from app.errors import InvalidImage, ServiceError, UnsupportedParameter
+from app.images import is_url
 from app.openapi import ERROR_RESPONSES
 from app.responses import JSONBytesResponse, l2_normalised_mean
 from app.scheduler import ItemInput
@@ -41,6 +42,7 @@ async def embeddings(body: EmbeddingsRequest, request: Request, runtime: Runtime
         # The scheduler names items as /v1/encode does; here the caller sent `input`.
         if error.param is not None:
             error.param = re.sub(r"^items\[(\d+)\]\.image", r"input[\1]", error.param)
+        _say_images_only(error, inputs)
         raise
     tokens = sum(result.num_tokens for result in results)
     request.state.items, request.state.tokens = len(results), tokens
@@ -59,6 +61,22 @@ async def embeddings(body: EmbeddingsRequest, request: Request, runtime: Runtime
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }
     )
+
+
+def _say_images_only(error: ServiceError, inputs: list[str]) -> None:
+    """Text sent to an embeddings endpoint is the likeliest mistake: say so, not "invalid base64"."""
+    where = re.fullmatch(r"input\[(\d+)\]", error.param or "")
+    if not isinstance(error, InvalidImage) or where is None:
+        return
+    index = int(where.group(1))
+    source = inputs[index]
+    if is_url(source) or source[:5].lower() == "data:":
+        return
+    error.message = (
+        f"input[{index}] is not an image: this service embeds images only, not text. Send each input as an "
+        "image URL (http or https) or a data URI (data:image/png;base64,...)"
+    )
+    error.details = {**(error.details or {}), "accepted": ["http(s) image URL", "data:image/...;base64 URI"]}
 
 
 @router.get("/v1/models", response_model=ModelList, summary="The served model (OpenAI's list shape)")

@@ -102,7 +102,7 @@ def _build_weights(directory: Path) -> str:
         print(f"models.tiny not importable here ({exc}); using the built-in copy of the CLIP builder", file=sys.stderr)
         _build_weights_fallback(directory)
         return "fallback"
-    build_tiny(directory, "clip")
+    build_tiny(directory, "clip", overwrite=True)
     return "models.tiny.build_tiny"
 
 

@@ -52,15 +52,20 @@ def build_tiny(
     processor_merge_size: int = 2,
     processor_layout: ProcessorLayout | None = None,
     max_shard_size: str | None = None,
+    overwrite: bool = False,
 ) -> Path:
-    """Write a tiny checkpoint of ``family`` to ``directory`` (replaced atomically) and return it.
+    """Write a tiny checkpoint of ``family`` to ``directory`` and return it.
 
     ``processor_layout`` defaults to the family's own (``nested`` for families added with
     transformers 5); ``max_shard_size`` (e.g. ``"20KB"``) writes sharded safetensors with an index.
+    A directory that holds anything is refused (``FileExistsError``) unless ``overwrite``: it could be a
+    real checkpoint. With ``overwrite`` it is replaced atomically.
     """
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; choose from {sorted(FAMILIES)}")
     directory = Path(directory)
+    if not overwrite and (directory.is_file() or (directory.is_dir() and any(directory.iterdir()))):
+        raise FileExistsError(f"{directory} exists and is not empty")
     torch.manual_seed(0)  # construction-time init is overwritten below; this only keeps it quiet
     model, processor = FAMILIES[family](layout, processor_merge_size)
     fill_deterministic(model)
@@ -75,6 +80,7 @@ def build_tiny(
         processor.save(staging, processor_layout or processor.default_layout)
         if family == "internvl_chat":
             to_opengvlab_layout(staging)
+        _make_readable(staging)
         if directory.exists():
             shutil.rmtree(directory)
         os.replace(staging, directory)
@@ -82,3 +88,11 @@ def build_tiny(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return directory
+
+
+def _make_readable(directory: Path) -> None:
+    """Modes of a downloaded checkpoint (755/644), not mkdtemp's 700: a container running as another
+    user (the image's uid 10001) reads the directory through a read-only volume."""
+    directory.chmod(0o755)
+    for path in directory.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)

@@ -35,6 +35,8 @@ def test_serve_with_no_arguments_serves_the_embedded_model(tmp_path: Path) -> No
     assert "Application shutdown complete" in output.decode()
     log = output.decode()
     assert "mmencode.access" in log and "POST /v1/encode 200 items=1 tokens=4" in log
+    # A ready line once the model is loaded and warm, after uvicorn's own "startup complete".
+    assert log.index("Application startup complete") < log.index("ready: serving qwen2_vl-tiny-v1")
 
 
 def test_help_lists_every_option_with_its_environment_variable() -> None:
