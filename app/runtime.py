@@ -19,6 +19,8 @@ from app.cache import LRUEmbeddingCache
 from app.config import Settings
 from app.errors import ModelNotFound, NotReady
 from app.fetch import ImageFetcher
+from app.integrations.sglang import SGLangEncoderBridge
+from app.integrations.vllm import EncoderCacheWriter
 from app.metrics import Metrics
 from app.scheduler import Limits, Scheduler
 from app.worker import EncoderWorker
@@ -85,6 +87,20 @@ class Runtime:
         )
         self.cache = LRUEmbeddingCache(settings.cache_bytes)
         self.metrics = Metrics()
+        # Peers' formats: vLLM's encoder-cache files (opt-in) and SGLang's encoder protocol.
+        self.ec_cache_writer = (
+            EncoderCacheWriter(settings.ec_shared_storage, settings.ec_dtype, self.metrics)
+            if settings.ec_shared_storage is not None
+            else None
+        )
+        self.sglang = SGLangEncoderBridge(
+            lambda items: self.scheduler.encode(items),
+            self.fetcher,
+            max_image_bytes=settings.max_image_bytes,
+            dtype=settings.sglang_dtype,
+            push_timeout_s=settings.sglang_push_timeout,
+            metrics=self.metrics,
+        )
         self.metrics.ready.set_function(lambda: 1.0 if self.ready else 0.0)
         self.metrics.watch(
             queue_depth=lambda: float(self.worker.queue_depth if self.worker is not None else 0),
@@ -139,6 +155,7 @@ class Runtime:
         self.begin_drain()
         if self.worker is not None:
             await self.worker.drain(grace_s)
+        await self.sglang.aclose()
         await self.fetcher.aclose()
         self._pool.shutdown(wait=False, cancel_futures=True)
 

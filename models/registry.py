@@ -81,6 +81,9 @@ def load_encoder(checkpoint: Path | str, *, device: torch.device, dtype: torch.d
     for name in ("config.json", "preprocessor_config.json"):
         hasher.update((checkpoint / name).read_bytes())
     prefix = load_encoder_weights(module, checkpoint, adapter_cls.weight_prefixes, hasher)
+    # The compute dtype and the kind of device change the rows too (bf16 vs fp32; GPU vs CPU kernels):
+    # a content hash is handed to vLLM as the item's `uuid`, so it must never name two sets of rows.
+    hasher.update(f"compute:{dtype};device:{device.type}".encode())
     module.requires_grad_(False)
     module.to(device=device, dtype=dtype).eval()
     logger.info(
