@@ -48,6 +48,8 @@ class SGLangEncodeRequest(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> SGLangEncodeRequest:
+        if self.modality.upper() != "IMAGE":
+            raise ValueError(f"unsupported modality {self.modality!r}: mmencode encodes IMAGE")
         if self.part_idx >= self.num_parts:
             raise ValueError(f"part_idx must be in [0, {self.num_parts})")
         if self.embedding_port is not None and not self.prefill_host:

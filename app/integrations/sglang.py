@@ -283,12 +283,6 @@ class SGLangEncoderBridge:
         return results
 
     async def _encode_items(self, request: SGLangEncodeRequest) -> list[ItemResult]:
-        if request.modality.upper() != "IMAGE":
-            raise InvalidRequest(
-                f"modality {request.modality!r} is not served here; mmencode encodes IMAGE",
-                param="modality",
-                details={"supported": ["IMAGE"]},
-            )
         items = [await self._item(index, item) for index, item in enumerate(request.items_as_dicts())]
         return await self._encode(items)
 
