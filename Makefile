@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: serve test lint
+.PHONY: serve test lint peers
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,5 +21,18 @@ lint: $(VENV)/.installed
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: lint
+# vLLM and SGLang as test oracles, in their own venv: --no-deps beside the local CPU torch (never a CUDA
+# build), plus only what their decode paths import. Rebuilt only when the pinned list changes.
+PEERS_VENV ?= .venv-peers
+
+$(PEERS_VENV)/.installed: tests/peers/requirements.txt
+	$(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/pip install --quiet --upgrade pip
+	$(PEERS_VENV)/bin/python -c "import torch" 2>/dev/null || $(PEERS_VENV)/bin/pip install --quiet "torch==2.13.0"
+	$(PEERS_VENV)/bin/pip install --quiet --no-deps -r tests/peers/requirements.txt
+	touch $@
+
+peers: $(PEERS_VENV)/.installed
+
+test: lint peers
 	$(BIN)/python -m pytest

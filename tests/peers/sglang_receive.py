@@ -5,8 +5,9 @@ Binds a ZMQ PULL socket on loopback as SGLang's language server does, prints its
 receiver's ``torch.frombuffer(buffer, dtype=obj.dtype).reshape(obj.shape)`` for frame 1 and its
 ``_cat_grid`` for ``grid_dim``. Writes what it decoded to ``out`` with ``torch.save``.
 
-``sglang.srt.disaggregation.encoder.receiver`` (where ``EmbeddingData`` lives) imports torchvision
-through ``sglang.srt.configs``; torchvision cannot sit beside the local CPU torch here. When that import
+``sglang.srt.disaggregation.encoder.receiver`` (where ``EmbeddingData`` lives) imports the whole
+language-server stack (uvicorn, fastapi, SGLang's scheduler and model configs) and, through
+``sglang.srt.configs``, torchvision, which cannot sit beside the local CPU torch here. When that import
 fails, the module is rebuilt from SGLang's own source of ``EmbeddingData`` and ``_cat_grid``, taken
 from the installed receiver.py, and registered under its real name: the unpickler, its allow-list and
 the class are SGLang's.
@@ -35,8 +36,7 @@ def receiver_module() -> tuple[types.ModuleType, str]:
 
         return importlib.import_module(RECEIVER), "imported"
     except ImportError as exc:
-        if "torchvision" not in str(exc):
-            raise
+        missing = exc.name
     import sglang
 
     source = Path(sglang.__file__).parent / "srt" / "disaggregation" / "encoder" / "receiver.py"
@@ -48,7 +48,7 @@ def receiver_module() -> tuple[types.ModuleType, str]:
     module.__dict__.update(Optional=Optional, torch=torch, np=np)
     exec(compile(ast.Module(body=nodes, type_ignores=[]), str(source), "exec"), module.__dict__)
     sys.modules[RECEIVER] = module
-    return module, "rebuilt from receiver.py (it imports torchvision)"
+    return module, f"rebuilt from receiver.py, which cannot import here (no {missing})"
 
 
 def main() -> None:
