@@ -157,6 +157,7 @@ def test_readme_vllm_example_builds_content_parts_vllm_decodes(qwen_server: Live
         body = _encode(client, encoding_format="pt", dtype="bfloat16")
         reference = [rows_of(item) for item in _encode(client)["items"]]
     parts = namespace["to_vllm_content_parts"](body, grid=True)
+    assert namespace["encode_for_vllm"](qwen_server.url, IMAGES) == parts
     plain = namespace["to_vllm_content_parts"](body, grid=False)
     for part, item in zip(parts, body["items"], strict=True):
         assert part["type"] == "image_embeds" and part["uuid"] == item["hash"]
