@@ -233,3 +233,14 @@ def test_an_unknown_request_shape_is_refused_clearly(
     answer = response.json()
     assert answer["status"] == "error" and field in answer["message"]
     assert "Traceback" not in answer["message"]
+
+
+def test_registrations_must_agree_on_receive_count(qwen_server: LiveServer) -> None:
+    body = {"req_id": "r9_local_part_0", "receive_count": 2, "receive_url": "127.0.0.1:5555", "modality": "IMAGE"}
+    with qwen_server.client() as client:
+        assert client.post("/scheduler_receive_url", json=body).status_code == 200
+        response = client.post("/scheduler_receive_url", json={**body, "receive_count": 3})
+        malformed = client.post("/scheduler_receive_url", json={**body, "receive_url": "not a host"})
+    assert response.status_code == 400
+    assert response.json()["status"] == "error" and "inconsistent receive_count" in response.json()["message"]
+    assert malformed.status_code == 422 and "receive_url" in malformed.json()["message"]

@@ -102,6 +102,7 @@ def test_vllm_ec_consumer_loads_every_item_mmencode_wrote(ec_server: LiveServer,
     assert storage is not None
     with ec_server.client() as client:
         first = _encode(client)
+        written = {p: p.stat().st_mtime_ns for p in storage.rglob(EC_CACHE_FILENAME)}
         # The same first image again (from the cache) and one only named by its hash.
         again = client.post(
             "/v1/encode",
@@ -115,7 +116,8 @@ def test_vllm_ec_consumer_loads_every_item_mmencode_wrote(ec_server: LiveServer,
             # The response says where the item went, and the file is there before the answer.
             assert item["ec_cache_path"] == str(storage / item_hash / EC_CACHE_FILENAME)
             assert Path(item["ec_cache_path"]).is_file()
-    # Atomic writes leave no temporary files behind.
+    # Files already there are left alone; atomic writes leave no temporary files behind.
+    assert {p: p.stat().st_mtime_ns for p in storage.rglob(EC_CACHE_FILENAME)} == written
     assert sorted(p.name for p in storage.rglob("*") if p.is_file()) == [EC_CACHE_FILENAME] * 2
 
     consumed = vllm_ec_consume(storage, [*hashes, "0" * 32], tmp_path)
