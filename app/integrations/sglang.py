@@ -141,7 +141,7 @@ def error_frames(request: SGLangEncodeRequest, error: ServiceError) -> list[byte
 # ----- where to push -----
 @dataclass
 class _Registration:
-    receive_count: int
+    receive_count: int | None  # None until the first rank registers
     urls: set[str] = field(default_factory=set)
     created: float = field(default_factory=time.monotonic)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -157,6 +157,8 @@ class ReceiverRegistry:
     def register(self, req_id: str, receive_count: int, url: str) -> None:
         self._expire()
         entry = self._entries.setdefault(req_id, _Registration(receive_count))
+        if entry.receive_count is None:  # /encode came first and is waiting
+            entry.receive_count = receive_count
         if entry.receive_count != receive_count:
             raise InvalidRequest(
                 f"inconsistent receive_count for req_id={req_id}: registered {entry.receive_count}, "
@@ -169,11 +171,10 @@ class ReceiverRegistry:
 
     async def wait_for_all(self, req_id: str, timeout_s: float) -> list[str]:
         """Every URL once ``receive_count`` have registered; what has registered at the deadline otherwise."""
-        entry = self._entries.setdefault(req_id, _Registration(receive_count=1_000_000))
+        entry = self._entries.setdefault(req_id, _Registration(receive_count=None))
         deadline = time.monotonic() + timeout_s
         try:
-            while len(entry.urls) < entry.receive_count:
-                entry = self._entries[req_id]
+            while entry.receive_count is None or len(entry.urls) < entry.receive_count:
                 entry.changed.clear()
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
