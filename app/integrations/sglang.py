@@ -169,8 +169,8 @@ class ReceiverRegistry:
         entry.urls.add(url)
         entry.changed.set()
 
-    async def wait_for_all(self, req_id: str, timeout_s: float) -> list[str]:
-        """Every URL once ``receive_count`` have registered; what has registered at the deadline otherwise."""
+    async def wait_for_all(self, req_id: str, timeout_s: float) -> tuple[list[str], int | None]:
+        """The URLs once ``receive_count`` have registered, or what has at the deadline; and the count."""
         entry = self._entries.setdefault(req_id, _Registration(receive_count=None))
         deadline = time.monotonic() + timeout_s
         try:
@@ -181,7 +181,7 @@ class ReceiverRegistry:
                     break
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(entry.changed.wait(), remaining)
-            return sorted(entry.urls)
+            return sorted(entry.urls), entry.receive_count
         finally:
             self._entries.pop(req_id, None)
 
@@ -274,8 +274,14 @@ class SGLangEncoderBridge:
         grids = [r.metadata.get("image_grid_thw") for r in results]
         grid_dim = [list(g) for g in grids if g is not None] if None not in grids else None
         frames = embedding_frames(request, rows, grid_dim)
-        endpoints = await self._destinations(request)
+        endpoints, expected = await self._destinations(request)
         failed = await self._push_all(endpoints, frames, kind="embedding")
+        if expected is None or len(endpoints) < expected:
+            raise RequestTimeout(
+                f"only {len(endpoints)} of {expected or 'the'} scheduler ranks registered for {request.req_id} "
+                f"within {self._timeout_s}s",
+                details={"req_id": request.req_id, "registered": len(endpoints), "expected": expected},
+            )
         if failed:
             raise RequestTimeout(
                 f"could not push the embedding of {request.req_id} to {failed} within {self._timeout_s}s",
@@ -310,14 +316,15 @@ class SGLangEncoderBridge:
             )
         return ItemInput(image=data)
 
-    async def _destinations(self, request: SGLangEncodeRequest) -> list[str]:
+    async def _destinations(self, request: SGLangEncodeRequest) -> tuple[list[str], int | None]:
+        """The endpoints to push to, and how many there should be (fewer: registrations timed out)."""
         port = request.embedding_port
         if port is None:
-            urls = await self.registry.wait_for_all(request.req_id, self._timeout_s)
-            return [_endpoint_of_url(url) for url in urls]
+            urls, expected = await self.registry.wait_for_all(request.req_id, self._timeout_s)
+            return [_endpoint_of_url(url) for url in urls], expected
         assert request.prefill_host is not None
         ports = port if isinstance(port, list) else [port]
-        return [_tcp_endpoint(request.prefill_host, p) for p in ports]
+        return [_tcp_endpoint(request.prefill_host, p) for p in ports], len(ports)
 
     async def _push_all(self, endpoints: list[str], frames: Sequence[bytes | memoryview], *, kind: str) -> list[str]:
         """Push to every endpoint at once; the endpoints that could not be reached."""
@@ -340,7 +347,7 @@ class SGLangEncoderBridge:
     async def _push_error(self, request: SGLangEncodeRequest, error: ServiceError) -> None:
         frames = error_frames(request, error)
         if request.embedding_port is not None:
-            await self._push_all(await self._destinations(request), frames, kind="error")
+            await self._push_all((await self._destinations(request))[0], frames, kind="error")
             return
         # zmq_to_scheduler: the ranks may register after this answer; deliver to them in the background.
         task = asyncio.create_task(self._push_error_when_registered(request, frames))
@@ -350,7 +357,7 @@ class SGLangEncoderBridge:
     async def _push_error_when_registered(
         self, request: SGLangEncodeRequest, frames: Sequence[bytes | memoryview]
     ) -> None:
-        await self._push_all(await self._destinations(request), frames, kind="error")
+        await self._push_all((await self._destinations(request))[0], frames, kind="error")
 
     async def aclose(self) -> None:
         for task in list(self._background):

@@ -216,6 +216,18 @@ def test_a_gone_language_server_never_blocks(checkpoints: dict[str, Path], tmp_p
         # The worker serves on.
         assert client.post("/v1/encode", json={"items": [{"image": IMAGES[0]}]}).status_code == 200
 
+        # zmq_to_scheduler where one of two announced ranks never registers: the one that did gets the
+        # embedding, and the answer says the delivery is incomplete.
+        rank = SGLangReceiver(tmp_path, count=1)
+        try:
+            registration = {"req_id": "r10_local_part_0", "receive_count": 2, "receive_url": f"127.0.0.1:{rank.port}"}
+            assert client.post("/scheduler_receive_url", json=registration).status_code == 200
+            partial = client.post("/encode", json=_encode_body("r10_local_part_0", IMAGES[:1], None))
+            assert partial.status_code == 504 and "only 1 of 2 scheduler ranks" in partial.json()["message"]
+            assert rank.messages()[0]["error_msg"] is None
+        finally:
+            rank.close()
+
 
 @pytest.mark.parametrize(
     ("change", "field"),
