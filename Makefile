@@ -7,7 +7,7 @@ TORCH_VERSION ?= 2.13.0
 #   make TORCH_INDEX=https://download.pytorch.org/whl/cu128 serve
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: serve test lint
+.PHONY: serve test lint peers
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,19 @@ lint: $(VENV)/.installed
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: lint
+# vLLM and SGLang as test oracles, in their own venv: --no-deps beside the local CPU torch (never a CUDA
+# build), plus only what their decode paths import. Rebuilt only when the pinned list changes.
+PEERS_VENV ?= .venv-peers
+
+$(PEERS_VENV)/.installed: tests/peers/requirements.txt
+	$(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/pip install --quiet --upgrade pip
+	$(PEERS_VENV)/bin/python -c "import torch" 2>/dev/null || $(PEERS_VENV)/bin/pip install --quiet "torch==2.13.0"
+	$(PEERS_VENV)/bin/pip install --quiet --no-deps -r tests/peers/requirements.txt
+	touch $@
+
+peers: $(PEERS_VENV)/.installed
+
+test: lint peers
 	@bash .ci/system-deps  # redis-server, haproxy, kubectl: real servers the e2e tests start
 	$(BIN)/python -m pytest

@@ -116,6 +116,25 @@ class Settings(BaseSettings):
         description="Hosts exempt from the private-address check, comma-separated (a,b).",
     )
 
+    # --- LLM servers (app/integrations) ---
+    ec_shared_storage: Path | None = Field(
+        default=None,
+        description="Also write every encoded or cached item to DIR/<hash>/encoder_cache.safetensors, "
+        "where vLLM's ECExampleConnector (ec_consumer) reads it; the directory vLLM's "
+        "ec_connector_extra_config.shared_storage_path names.",
+    )
+    ec_dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        default="bfloat16", description="Dtype of the encoder-cache files; match the language model's dtype."
+    )
+    sglang_dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        default="bfloat16", description="Dtype of the embeddings pushed to SGLang; match the language model's dtype."
+    )
+    sglang_push_timeout: float = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds a ZMQ push to an SGLang language server may wait for it to connect and take the message.",
+    )
+
     # --- security ---
     api_key: Annotated[list[SecretStr], NoDecode] = Field(
         default_factory=list,

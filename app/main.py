@@ -17,6 +17,7 @@ from app.errors import install_error_handlers
 from app.middleware import RequestContextMiddleware
 from app.openapi import install_openapi
 from app.routes import embeddings, encode, health
+from app.routes import sglang as sglang_routes
 from app.runtime import Runtime
 
 __all__ = ["create_app"]
@@ -60,5 +61,6 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(encode.router)
     app.include_router(embeddings.router)
     app.include_router(health.router)
+    app.include_router(sglang_routes.router)
     install_openapi(app, bearer_protected=is_protected if api_keys else None)
     return app

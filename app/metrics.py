@@ -65,6 +65,16 @@ class Metrics:
             buckets=_LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         self.ready = Gauge("mmencode_ready", "1 when the model is loaded, warm and the worker alive.", registry=r)
+        self.ec_cache_writes = Counter(
+            "mmencode_ec_cache_writes",
+            "Encoder-cache files for vLLM (--ec-shared-storage), by result: written, present (skipped) or error.",
+            ["result"], registry=r,
+        )  # fmt: skip
+        self.sglang_pushes = Counter(
+            "mmencode_sglang_pushes",
+            "ZMQ messages pushed to SGLang language servers, by kind (embedding or error) and result (ok or failed).",
+            ["kind", "result"], registry=r,
+        )  # fmt: skip
 
     def watch(self, *, queue_depth: Callable[[], float], cache_bytes: Callable[[], float]) -> None:
         """Gauges read at scrape time from their owners."""

@@ -1,8 +1,7 @@
-"""Tensors to wire payloads: the embedding encodings and JSON rendering shared by every route."""
+"""JSON rendering shared by every route; embedding encodings live in :mod:`app.wire.encodings`."""
 
 from __future__ import annotations
 
-import base64
 import json
 from typing import Any
 
@@ -11,9 +10,9 @@ import orjson
 import torch
 from starlette.responses import Response
 
-__all__ = ["JSONBytesResponse", "dumps_json", "embedding_payload", "l2_normalised_mean"]
+from app.wire.encodings import embedding_payload
 
-_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+__all__ = ["JSONBytesResponse", "dumps_json", "embedding_payload", "l2_normalised_mean"]
 
 
 def dumps_json(content: Any) -> bytes:
@@ -41,24 +40,6 @@ class JSONBytesResponse(Response):
 
     def render(self, content: Any) -> bytes:
         return dumps_json(content)
-
-
-def _little_endian_bytes(rows: torch.Tensor) -> bytes:
-    if rows.dtype == torch.bfloat16:
-        return rows.contiguous().view(torch.int16).numpy().astype("<i2", copy=False).tobytes()
-    return rows.numpy().astype(rows.numpy().dtype.newbyteorder("<"), copy=False).tobytes()
-
-
-def embedding_payload(rows: torch.Tensor, *, encoding_format: str, dtype: str) -> dict[str, Any]:
-    """``{"encoding_format", "dtype", "shape", "data"}`` for a float32 ``(rows, width)`` tensor."""
-    cast = rows.to(_TORCH_DTYPES[dtype]).contiguous()
-    data: Any
-    if encoding_format == "base64":
-        data = base64.b64encode(_little_endian_bytes(cast)).decode("ascii")
-    else:
-        # The values the requested dtype can hold, written as JSON numbers.
-        data = cast.float().numpy()
-    return {"encoding_format": encoding_format, "dtype": dtype, "shape": list(rows.shape), "data": data}
 
 
 def l2_normalised_mean(rows: torch.Tensor) -> np.ndarray:

@@ -20,6 +20,8 @@ from app.cache import LRUEmbeddingCache, SharedCache, TieredCache
 from app.config import Settings
 from app.errors import ModelNotFound, NotReady
 from app.fetch import ImageFetcher
+from app.integrations.sglang import SGLangEncoderBridge
+from app.integrations.vllm import EncoderCacheWriter
 from app.metrics import Metrics
 from app.scheduler import Limits, Scheduler
 from app.worker import EncoderWorker
@@ -104,6 +106,20 @@ class Runtime:
         self.metrics = Metrics()
         # The shared tier needs the model's fingerprint: it joins once the model is loaded.
         self.cache = TieredCache(LRUEmbeddingCache(settings.cache_bytes), None, self.metrics)
+        # Peers' formats: vLLM's encoder-cache files (opt-in) and SGLang's encoder protocol.
+        self.ec_cache_writer = (
+            EncoderCacheWriter(settings.ec_shared_storage, settings.ec_dtype, self.metrics)
+            if settings.ec_shared_storage is not None
+            else None
+        )
+        self.sglang = SGLangEncoderBridge(
+            lambda items: self.scheduler.encode(items),
+            self.fetcher,
+            max_image_bytes=settings.max_image_bytes,
+            dtype=settings.sglang_dtype,
+            push_timeout_s=settings.sglang_push_timeout,
+            metrics=self.metrics,
+        )
         self.metrics.ready.set_function(lambda: 1.0 if self.ready else 0.0)
         self.metrics.watch(
             queue_depth=lambda: float(self.worker.queue_depth if self.worker is not None else 0),
@@ -194,6 +210,7 @@ class Runtime:
         self.begin_drain()
         if self.worker is not None:
             await self.worker.drain(grace_s)
+        await self.sglang.aclose()
         await self.fetcher.aclose()
         await self.cache.aclose()
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -142,6 +142,9 @@ def load_encoder(checkpoint: Path | str, *, device: torch.device, dtype: torch.d
     for path in (checkpoint / "config.json", *processor_config.files):
         hasher.update(path.read_bytes())
     layout = load_encoder_weights(module, checkpoint, adapter_cls.weight_prefixes, hasher, adapter_cls.key_maps)
+    # The compute dtype and the kind of device change the rows too (bf16 vs fp32; GPU vs CPU kernels):
+    # a content hash is handed to vLLM as the item's `uuid`, so it must never name two sets of rows.
+    hasher.update(f"compute:{dtype};device:{device.type}".encode())
     module.requires_grad_(False)
     module.to(device=device, dtype=dtype).eval()
     logger.info(

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 EmbeddingDType = Literal["float32", "float16", "bfloat16"]
-EncodingFormat = Literal["base64", "float"]
+EncodingFormat = Literal["base64", "float", "pt", "npy"]
 Source = Literal["encoder", "precomputed", "cache"]
 PositiveInt = Annotated[int, Field(ge=1)]
 
@@ -59,16 +59,36 @@ class EncodeItem(BaseModel):
 class EncodeOptions(BaseModel):
     """Everything but the items: the JSON body's other fields, or a multipart upload's text fields."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        # What `_npy_has_no_bfloat16` checks, said in the JSON schema too.
+        json_schema_extra={
+            "not": {
+                "required": ["encoding_format", "dtype"],
+                "properties": {"encoding_format": {"const": "npy"}, "dtype": {"const": "bfloat16"}},
+            }
+        },
+    )
 
     model: str | None = Field(default=None, description="If given, it must name the served model.")
     precomputed: Literal["strict", "fill"] = Field(
         default="strict",
         description="`strict`: every item carries an embedding or none does. `fill`: encode the missing ones.",
     )
-    encoding_format: EncodingFormat = "base64"
+    encoding_format: EncodingFormat = Field(
+        default="base64",
+        description="`base64`: little-endian bytes of `dtype`; `float`: JSON numbers; `pt`: base64 of `torch.save` "
+        "bytes and `npy`: base64 of `numpy.save` bytes (float32/float16), both as vLLM's `image_embeds` takes them.",
+    )
     dtype: EmbeddingDType = "float32"
     pooling: Literal["none", "mean"] = Field(default="none", description="`mean`: one row per item, the mean.")
+
+    @model_validator(mode="after")
+    def _npy_has_no_bfloat16(self) -> EncodeOptions:
+        # numpy has no bfloat16 dtype: an `npy` payload could only lie about it.
+        if self.encoding_format == "npy" and self.dtype == "bfloat16":
+            raise ValueError('`npy` carries float32 or float16; use "pt" for bfloat16')
+        return self
 
 
 class EncodeRequest(EncodeOptions):
@@ -89,6 +109,12 @@ class EncodedItem(BaseModel):
     num_tokens: int = Field(description="Rows the language model reserves for this item.")
     metadata: dict[str, Any]
     embedding: Embedding
+    ec_cache_path: str | None = Field(
+        default=None,
+        description="With --ec-shared-storage: the file vLLM's ECExampleConnector reads for this item "
+        "(`<dir>/<hash>/encoder_cache.safetensors`), present before this response was sent; "
+        "null when the item has no hash or the write failed.",
+    )
 
 
 class EncodeUsage(BaseModel):

@@ -1,6 +1,7 @@
 """Content hashes and the embedding cache behind them.
 
-The hash is blake3 over the model's fingerprint (weights, config and processor config as shipped) and
+The hash is blake3 over the model's fingerprint (weights, config and processor config as shipped, the
+compute dtype and the device kind: everything that changes the rows, see ``models/registry.py``) and
 the image's bytes, so the same image on the same model has the same hash on every replica and after
 every restart. This module holds the in-process tier: an LRU bounded in bytes; ``shared.py`` holds the
 Redis/Valkey tier and ``tiered.py`` the order in which they are asked.

@@ -13,8 +13,9 @@ from starlette.responses import Response
 from app.deps import RuntimeDep
 from app.errors import PayloadTooLarge, ServiceError, validation_error
 from app.openapi import ERROR_RESPONSES, request_body
-from app.responses import JSONBytesResponse, embedding_payload
+from app.responses import JSONBytesResponse
 from app.scheduler import ItemInput, ItemResult
+from app.wire.encodings import embedding_payload
 from schemas.encode import EncodeOptions, EncodeRequest, EncodeResponse
 
 router = APIRouter(tags=["encode"])
@@ -68,7 +69,13 @@ async def encode(request: Request, runtime: RuntimeDep) -> Response:
     results = await runtime.scheduler.encode(items, options.precomputed)
     request.state.items = len(results)
     request.state.tokens = sum(r.num_tokens for r in results)
-    return JSONBytesResponse(_response(request.state.request_id, runtime.model_name, options, results))
+    answer = _response(request.state.request_id, runtime.model_name, options, results)
+    if runtime.ec_cache_writer is not None:
+        # vLLM checks for the file as soon as the language request arrives: write before answering.
+        paths = await runtime.ec_cache_writer.write_all([(r.hash, r.rows) for r in results])
+        for item, path in zip(answer["items"], paths, strict=True):
+            item["ec_cache_path"] = None if path is None else str(path)
+    return JSONBytesResponse(answer)
 
 
 def _parse(model: type[EncodeRequest], raw: bytes) -> EncodeRequest:

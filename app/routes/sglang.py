@@ -1,0 +1,84 @@
+"""SGLang's encoder-server routes (sglang 0.5.23): ``POST /encode`` and ``POST /scheduler_receive_url``.
+
+Answers are SGLang's: ``null`` on success (the embedding travels over ZMQ), and on failure a non-200
+``{"status": "error", "message", "req_id"}`` that its language server reads, with mmencode's own error
+object beside it under ``error``. Not in mmencode's OpenAPI document: the shapes are SGLang's, pinned
+to one release (see ``schemas/sglang.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import orjson
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ValidationError
+from starlette.responses import Response
+
+from app.deps import RuntimeDep
+from app.errors import ServiceError, validation_error
+from app.responses import JSONBytesResponse
+from schemas.sglang import SGLANG_VERSION, SGLangEncodeRequest, SGLangReceiveUrlRequest
+
+router = APIRouter(tags=["sglang"], include_in_schema=False)
+
+M = TypeVar("M", bound=BaseModel)
+
+
+@router.post("/encode")
+async def encode(request: Request, runtime: RuntimeDep) -> Response:
+    raw = await request.body()
+    try:
+        body = _parse(SGLangEncodeRequest, raw)
+        results = await runtime.sglang.encode(body)
+    except ServiceError as error:
+        return _error(request, runtime, error, _req_id_of(raw))
+    request.state.items = len(results)
+    request.state.tokens = sum(r.num_tokens for r in results)
+    return JSONBytesResponse(None)
+
+
+@router.post("/scheduler_receive_url")
+async def scheduler_receive_url(request: Request, runtime: RuntimeDep) -> Response:
+    raw = await request.body()
+    try:
+        runtime.sglang.register(_parse(SGLangReceiveUrlRequest, raw))
+    except ServiceError as error:
+        return _error(request, runtime, error, _req_id_of(raw))
+    return JSONBytesResponse(None)
+
+
+def _parse(model: type[M], raw: bytes) -> M:
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        error = validation_error(exc.errors(include_url=False))
+        error.message = f"not an SGLang {SGLANG_VERSION} {model.__name__.removeprefix('SGLang')}: {error.message}"
+        raise error from None
+
+
+def _req_id_of(raw: bytes) -> Any:
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    return body.get("req_id") if isinstance(body, dict) else None
+
+
+def _error(request: Request, runtime: RuntimeDep, error: ServiceError, req_id: Any) -> Response:
+    runtime.metrics.errors.labels(error.code).inc()
+    request_id = getattr(request.state, "request_id", None)
+    body = {
+        "status": "error",
+        "message": f"{error.code}: {error.message}",
+        "req_id": req_id if isinstance(req_id, str) else None,
+        "error": {
+            "message": error.message,
+            "type": error.type,
+            "code": error.code,
+            "param": error.param,
+            "details": error.details,
+            "request_id": request_id,
+        },
+    }
+    return JSONBytesResponse(body, status_code=error.status, headers=error.headers)

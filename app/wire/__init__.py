@@ -1,0 +1,1 @@
+"""Rows to bytes: every wire encoding of an embedding lives in :mod:`app.wire.encodings`."""

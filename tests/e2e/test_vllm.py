@@ -1,0 +1,174 @@
+"""mmencode's output as vLLM 0.34.0 takes it, decoded by vLLM's own code in the peers venv.
+
+``pt``/``npy`` payloads through ``ImageEmbeddingMediaIO`` (what the chat API runs on an
+``image_embeds`` content part), and ``--ec-shared-storage`` files through ``ECExampleConnector`` in
+the consumer role (what a language instance started as ``ec_consumer`` runs).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from app.integrations.vllm import EC_CACHE_FILENAME
+from models import load_encoder
+from tests.helpers import LiveServer, assert_error, data_uri, live_server, noise_image, rows_of
+from tests.peers.run import vllm_decode, vllm_ec_consume
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+IMAGES = [data_uri(noise_image(56, 56, seed=91)), data_uri(noise_image(112, 56, seed=92))]
+
+
+def _encode(client: Any, **options: Any) -> dict[str, Any]:
+    response = client.post("/v1/encode", json={"items": [{"image": image} for image in IMAGES], **options})
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+@pytest.mark.parametrize(
+    ("encoding_format", "dtype"),
+    [("pt", "bfloat16"), ("pt", "float32"), ("pt", "float16"), ("npy", "float32"), ("npy", "float16")],
+)
+def test_vllm_decodes_pt_and_npy_payloads_to_the_exact_rows(
+    qwen_server: LiveServer, tmp_path: Path, encoding_format: str, dtype: str
+) -> None:
+    with qwen_server.client() as client:
+        reference = [rows_of(item) for item in _encode(client)["items"]]  # float32 base64
+        items = _encode(client, encoding_format=encoding_format, dtype=dtype)["items"]
+    decoded = vllm_decode([item["embedding"]["data"] for item in items], tmp_path)
+    want_dtype = getattr(torch, dtype)
+    for item, rows, tensor in zip(items, reference, decoded, strict=True):
+        assert item["embedding"]["encoding_format"] == encoding_format
+        assert tensor.dtype == want_dtype
+        assert list(tensor.shape) == item["embedding"]["shape"] == [item["num_tokens"], 64]
+        assert torch.equal(tensor, rows.to(want_dtype))
+
+
+def test_a_pt_payload_holds_only_its_own_rows(qwen_server: LiveServer) -> None:
+    # Two images in one batch: a view into the batch output would torch.save both items' rows.
+    with qwen_server.client() as client:
+        items = _encode(client, encoding_format="pt", dtype="bfloat16")["items"]
+    for item in items:
+        tensor = torch.load(io.BytesIO(base64.b64decode(item["embedding"]["data"])), weights_only=True)
+        rows, width = item["embedding"]["shape"]
+        assert tensor.is_contiguous() and tensor.storage_offset() == 0
+        assert tensor.untyped_storage().nbytes() == rows * width * 2
+
+
+def test_npy_with_bfloat16_is_refused_in_the_error_shape(qwen_server: LiveServer) -> None:
+    with qwen_server.client() as client:
+        response = client.post(
+            "/v1/encode", json={"items": [{"image": IMAGES[0]}], "encoding_format": "npy", "dtype": "bfloat16"}
+        )
+        error = assert_error(response, 422, "validation_error")
+        assert "bfloat16" in error["message"]
+        form = client.post(
+            "/v1/encode",
+            files={"image": ("a.png", base64.b64decode(IMAGES[0].split(",", 1)[1]))},
+            data={"encoding_format": "npy", "dtype": "bfloat16"},
+        )
+        assert_error(form, 422, "validation_error")
+
+
+def test_the_hash_differs_with_the_compute_dtype(checkpoints: dict[str, Path]) -> None:
+    # The hash is vLLM's uuid: bf16 and fp32 towers give different rows, so they must not share it.
+    cpu = torch.device("cpu")
+    fp32 = load_encoder(checkpoints["qwen2_vl"], device=cpu, dtype=torch.float32)
+    bf16 = load_encoder(checkpoints["qwen2_vl"], device=cpu, dtype=torch.bfloat16)
+    again = load_encoder(checkpoints["qwen2_vl"], device=cpu, dtype=torch.float32)
+    assert fp32.fingerprint != bf16.fingerprint
+    assert fp32.fingerprint == again.fingerprint
+
+
+@pytest.fixture(scope="module")
+def ec_server(checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    storage = tmp_path_factory.mktemp("ec")
+    with live_server(
+        model=checkpoints["qwen2_vl"], cache_dir=tmp_path_factory.mktemp("cache"), ec_shared_storage=storage
+    ) as server:
+        yield server
+
+
+def test_vllm_ec_consumer_loads_every_item_mmencode_wrote(ec_server: LiveServer, tmp_path: Path) -> None:
+    storage = ec_server.settings.ec_shared_storage
+    assert storage is not None
+    with ec_server.client() as client:
+        first = _encode(client)
+        written = {p: p.stat().st_mtime_ns for p in storage.rglob(EC_CACHE_FILENAME)}
+        # The same first image again (from the cache) and one only named by its hash.
+        again = client.post(
+            "/v1/encode",
+            json={"items": [{"image": IMAGES[0]}, {"hash": first["items"][1]["hash"]}], "dtype": "bfloat16"},
+        ).json()
+    assert [item["source"] for item in first["items"]] == ["encoder", "encoder"]
+    assert [item["source"] for item in again["items"]] == ["cache", "cache"]
+    hashes = [item["hash"] for item in first["items"]]
+    for body in (first, again):
+        for item, item_hash in zip(body["items"], hashes, strict=True):
+            # The response says where the item went, and the file is there before the answer.
+            assert item["ec_cache_path"] == str(storage / item_hash / EC_CACHE_FILENAME)
+            assert Path(item["ec_cache_path"]).is_file()
+    # Files already there are left alone; atomic writes leave no temporary files behind.
+    assert {p: p.stat().st_mtime_ns for p in storage.rglob(EC_CACHE_FILENAME)} == written
+    assert sorted(p.name for p in storage.rglob("*") if p.is_file()) == [EC_CACHE_FILENAME] * 2
+
+    consumed = vllm_ec_consume(storage, [*hashes, "0" * 32], tmp_path)
+    assert consumed["found"] == {hashes[0]: True, hashes[1]: True, "0" * 32: False}
+    assert set(consumed["loaded"]) == set(hashes)
+    for item, item_hash in zip(first["items"], hashes, strict=True):
+        loaded = consumed["loaded"][item_hash]
+        assert loaded.dtype == torch.bfloat16
+        assert torch.equal(loaded, rows_of(item).to(torch.bfloat16))
+
+
+def test_an_unwritable_ec_storage_never_fails_the_request(
+    checkpoints: dict[str, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    not_a_dir = tmp_path / "a-file"
+    not_a_dir.write_text("")
+    with (
+        live_server(model=checkpoints["qwen2_vl"], cache_dir=tmp_path / "c", ec_shared_storage=not_a_dir) as server,
+        server.client() as client,
+    ):
+        body = _encode(client)
+        assert [item["ec_cache_path"] for item in body["items"]] == [None, None]
+        metrics = client.get("/metrics").text
+    assert re.search(r'mmencode_ec_cache_writes_total\{result="error"\} 2\.0', metrics), metrics
+    assert "could not write the encoder cache" in caplog.text
+
+
+def _readme_python(section: str) -> str:
+    text = README.read_text().split(f"## {section}", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```python\n(.*?)```", text, re.S)
+    assert block is not None, f"README section {section!r} has no python example"
+    return block.group(1)
+
+
+def test_readme_vllm_example_builds_content_parts_vllm_decodes(qwen_server: LiveServer, tmp_path: Path) -> None:
+    namespace: dict[str, Any] = {}
+    exec(compile(_readme_python("Use with vLLM"), "README.md", "exec"), namespace)  # the documented client code
+    with qwen_server.client() as client:
+        body = _encode(client, encoding_format="pt", dtype="bfloat16")
+        reference = [rows_of(item) for item in _encode(client)["items"]]
+    parts = namespace["to_vllm_content_parts"](body, grid=True)
+    assert namespace["encode_for_vllm"](qwen_server.url, IMAGES) == parts
+    plain = namespace["to_vllm_content_parts"](body, grid=False)
+    for part, item in zip(parts, body["items"], strict=True):
+        assert part["type"] == "image_embeds" and part["uuid"] == item["hash"]
+        # A flat [t, h, w]: vLLM refuses a nested grid.
+        assert part["image_embeds"]["image_grid_thw"] == item["metadata"]["image_grid_thw"]
+        assert all(isinstance(n, int) for n in part["image_embeds"]["image_grid_thw"])
+    assert all(isinstance(part["image_embeds"], str) for part in plain)
+    decoded = vllm_decode(
+        [p["image_embeds"]["image_embeds"] for p in parts] + [p["image_embeds"] for p in plain], tmp_path
+    )
+    for tensor, rows in zip(decoded, reference * 2, strict=True):
+        assert torch.equal(tensor, rows.to(torch.bfloat16))

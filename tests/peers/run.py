@@ -1,0 +1,78 @@
+"""Runs the peers' own decoders (tests/peers/*.py) in the separate peers venv, from the main suite.
+
+vLLM 0.34.0 and SGLang 0.5.23 are installed there with ``--no-deps`` beside the CPU torch, plus only
+the small packages their decode paths import (``make peers``; ``make test`` builds it first).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+PEERS_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
+HERE = Path(__file__).resolve().parent
+
+
+def peers_python() -> str:
+    if not PEERS_PYTHON.is_file():
+        pytest.fail(f"{PEERS_PYTHON} is missing: build the peers venv with `make peers` (make test does)")
+    return str(PEERS_PYTHON)
+
+
+def _run(args: list[str], *, stdin: str | None = None, env: dict[str, str] | None = None) -> None:
+    result = subprocess.run(
+        [peers_python(), *args], input=stdin, capture_output=True, text=True, timeout=180,
+        env={**os.environ, **(env or {})},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+
+
+def vllm_decode(payloads: list[str], tmp_path: Path) -> list[torch.Tensor]:
+    """``ImageEmbeddingMediaIO.load_base64`` on each payload, in vLLM's own code."""
+    out = tmp_path / "vllm_decoded.pt"
+    _run([str(HERE / "vllm_decode.py"), str(out)], stdin=json.dumps(payloads))
+    decoded: list[torch.Tensor] = torch.load(out, weights_only=True)
+    return decoded
+
+
+def vllm_ec_consume(storage: Path, hashes: list[str], tmp_path: Path) -> dict[str, Any]:
+    """What vLLM's ``ECExampleConnector`` in the consumer role finds and loads from ``storage``."""
+    out = tmp_path / "vllm_ec.pt"
+    _run([str(HERE / "vllm_ec_consumer.py"), str(storage), str(out), *hashes], env={"VLLM_TARGET_DEVICE": "cpu"})
+    consumed: dict[str, Any] = torch.load(out, weights_only=True)
+    return consumed
+
+
+class SGLangReceiver:
+    """A ZMQ PULL socket on loopback in the peers venv, decoding with SGLang's code (sglang_receive.py)."""
+
+    def __init__(self, tmp_path: Path, count: int, name: str = "sglang", timeout_s: float = 60) -> None:
+        self.out = tmp_path / f"{name}.pt"
+        self.process = subprocess.Popen(
+            [peers_python(), str(HERE / "sglang_receive.py"), str(self.out), str(count), str(timeout_s)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line.strip().isdigit():
+            self.process.kill()
+            raise AssertionError(f"the SGLang receiver did not start: {line} {self.process.stderr.read()[-4000:]}")  # type: ignore[union-attr]
+        self.port = int(line)
+
+    def messages(self) -> list[dict[str, Any]]:
+        _, stderr = self.process.communicate(timeout=120)
+        assert self.process.returncode == 0, stderr[-4000:]
+        decoded: dict[str, Any] = torch.load(self.out, weights_only=True)
+        return list(decoded["messages"])
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()

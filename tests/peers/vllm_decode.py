@@ -1,0 +1,26 @@
+"""vLLM's side of ``image_embeds``, run with the peers venv's Python (vllm 0.34.0, --no-deps).
+
+Reads a JSON list of base64 payloads (``embedding.data`` of ``pt`` or ``npy`` items) on stdin and
+decodes each with ``vllm.multimodal.media.image.ImageEmbeddingMediaIO.load_base64``, exactly as vLLM's
+chat API does for an ``image_embeds`` content part. Writes the tensors to OUT with ``torch.save``.
+
+usage: python vllm_decode.py OUT < payloads.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+from vllm.multimodal.media.image import ImageEmbeddingMediaIO
+
+
+def main() -> None:
+    payloads = json.load(sys.stdin)
+    media_io = ImageEmbeddingMediaIO()
+    torch.save([media_io.load_base64("", data) for data in payloads], sys.argv[1])
+
+
+if __name__ == "__main__":
+    main()
