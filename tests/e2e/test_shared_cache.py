@@ -129,8 +129,13 @@ def test_redis_killed_paused_and_restarted(
                 break
             assert time.monotonic() < deadline, "the replicas never used the restarted Redis"
             time.sleep(0.3)
-        served = _encode(client_b, {"hash": item["hash"]})
-        assert served.status_code == 200 and served.json()["items"][0]["source"] == "cache"
+        # B may still be resting (a second after its last failure) before it asks the store again.
+        deadline = time.monotonic() + 5
+        while (served := _encode(client_b, {"hash": item["hash"]})).status_code != 200:
+            assert_error(served, 400, "unknown_hash")
+            assert time.monotonic() < deadline, "B never read the restarted Redis"
+            time.sleep(0.2)
+        assert served.json()["items"][0]["source"] == "cache"
         assert any("answering again" in r.getMessage() for r in caplog.records)
 
         # A store that accepts connections but never answers (SIGSTOP): one timeout, then a miss.
