@@ -89,6 +89,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValidationError as exc:
         print(f"mmencode: invalid settings:\n{exc}", file=sys.stderr)
         return 2
+    if settings.model is not None:
+        from models.optional import checkpoint_requirement
+
+        # A dependency this process lacks cannot appear later: say so now rather than serve 503s forever.
+        problem = checkpoint_requirement(settings.model)
+        if problem is not None:
+            print(f"mmencode: cannot serve {settings.model}: {problem}", file=sys.stderr)
+            return 2
     return serve(settings)
 
 

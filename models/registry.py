@@ -18,11 +18,13 @@ from models.gemma3 import Gemma3Adapter
 from models.glm4v import Glm4vAdapter
 from models.idefics3 import Idefics3Adapter, SmolVLMAdapter
 from models.internvl import InternVLAdapter, InternVLChatAdapter
+from models.kimi import KimiAdapter
 from models.llava_next import LlavaNextAdapter
 from models.llava_onevision import LlavaOnevisionAdapter
 from models.mistral3 import Mistral3Adapter
 from models.qwen2_vl import Qwen2_5_VLAdapter, Qwen2VLAdapter
 from models.qwen3_vl import Qwen3_5Adapter, Qwen3VLAdapter
+from models.step3 import Step3Adapter
 from models.weights import load_config_json, load_encoder_weights
 
 __all__ = ["load_encoder", "supported_families", "supported_model_types"]
@@ -69,6 +71,9 @@ _FAMILIES: dict[str, _Family] = {
     "internvl_chat": _Family(InternVLChatAdapter, _itself),
     # The projector pools to mm_tokens_per_image and maps to the language width: built from the full config.
     "gemma3": _Family(Gemma3Adapter, _itself),
+    # Torchvision-only image processors (models.optional); the projector needs the language width.
+    "step3p7": _Family(Step3Adapter, _itself),
+    "kimi_k25": _Family(KimiAdapter, _itself),
 }
 
 
