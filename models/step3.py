@@ -179,5 +179,6 @@ class Step3Adapter(EncoderAdapter):
         )
 
     def warmup_image(self) -> Image.Image:
-        # Wider than the global view and elongated: the warm-up runs the crop path too.
-        return Image.new("RGB", (3 * int(self.processor.size["width"]), 64), (127, 64, 200))
+        # Just wider than the global view, and 2:1: the warm-up runs the crop path too, on two crops.
+        side = int(self.processor.size["width"])
+        return Image.new("RGB", (side + 8, side // 2), (127, 64, 200))

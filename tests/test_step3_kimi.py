@@ -97,6 +97,8 @@ def test_step3_num_patches_zero_is_the_global_view_alone(tiny_checkpoint: Callab
     item = adapter.preprocess(noise_image(120, 90))  # fits the global view: no crops
     assert item.metadata == {"num_patches": 0} and item.num_tokens == 9
     assert adapter.tokens_from_metadata({"num_patches": 6}) == 6 * 4 + 9
+    # Readiness waits on a warm-up forward that runs the crop path as well.
+    assert adapter.preprocess(adapter.warmup_image()).metadata == {"num_patches": 2}
     for wrong in (-1, True, 1.5, "2"):
         with pytest.raises(MetadataError, match="non-negative integer") as caught:
             adapter.tokens_from_metadata({"num_patches": wrong})
