@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["CATALOG", "TINY_FAMILIES", "FamilyInfo", "catalog_text"]
+__all__ = ["CATALOG", "TINY_FAMILIES", "TORCHVISION_MODEL_TYPES", "FamilyInfo", "catalog_text"]
 
 
 class FamilyInfo(NamedTuple):
@@ -32,12 +32,23 @@ CATALOG: tuple[FamilyInfo, ...] = (
     FamilyInfo("qwen3_5", *_QWEN2),
     FamilyInfo("glm4v", *_QWEN2),
     FamilyInfo(
+        "kimi_k25",
+        "image_grid_thw",
+        "`h*w / merge_size**2` of the padded patch grid (needs torchvision)",
+    ),
+    FamilyInfo(
         "gemma3",
         "num_crops (when pan-and-scan is on)",
         "`(1 + num_crops) * image_seq_length` (pooled SigLIP views)",
     ),
     FamilyInfo("idefics3", *_CROP_GRID),
     FamilyInfo("smolvlm", *_CROP_GRID),
+    FamilyInfo(
+        "step3p7",
+        "num_patches",
+        "`num_patches * rows_per_crop + rows_per_global`, each view `(side // 56)**2` (local crops, then the "
+        "global view; needs torchvision)",
+    ),
     FamilyInfo(
         "mistral3",
         "image_sizes",
@@ -73,6 +84,7 @@ TINY_FAMILIES: tuple[str, ...] = (
     "idefics3",
     "internvl",
     "internvl_chat",
+    "kimi_k25",
     "llava_next",
     "llava_onevision",
     "mistral3",
@@ -81,7 +93,11 @@ TINY_FAMILIES: tuple[str, ...] = (
     "qwen3_vl",
     "siglip",
     "smolvlm",
+    "step3p7",
 )
+
+# Families whose image processor transformers implements only with torchvision (models.optional).
+TORCHVISION_MODEL_TYPES: tuple[str, ...] = ("kimi_k25", "step3p7")
 
 
 def catalog_text() -> str:

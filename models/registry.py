@@ -13,17 +13,21 @@ import blake3
 import torch
 
 from models.base import EncoderAdapter
+from models.catalog import TORCHVISION_MODEL_TYPES
 from models.errors import CheckpointError
 from models.fixed import ClipAdapter, SiglipAdapter
 from models.gemma3 import Gemma3Adapter
 from models.glm4v import Glm4vAdapter
 from models.idefics3 import Idefics3Adapter, SmolVLMAdapter
 from models.internvl import InternVLAdapter, InternVLChatAdapter
+from models.kimi import KimiAdapter
 from models.llava_next import LlavaNextAdapter
 from models.llava_onevision import LlavaOnevisionAdapter
 from models.mistral3 import Mistral3Adapter
+from models.optional import require_torchvision
 from models.qwen2_vl import Qwen2_5_VLAdapter, Qwen2VLAdapter
 from models.qwen3_vl import Qwen3_5Adapter, Qwen3VLAdapter
+from models.step3 import Step3Adapter
 from models.weights import load_config_json, load_encoder_weights, weight_files
 
 __all__ = ["check_checkpoint", "load_encoder", "supported_families", "supported_model_types"]
@@ -70,6 +74,9 @@ _FAMILIES: dict[str, _Family] = {
     "internvl_chat": _Family(InternVLChatAdapter, _itself),
     # The projector pools to mm_tokens_per_image and maps to the language width: built from the full config.
     "gemma3": _Family(Gemma3Adapter, _itself),
+    # Torchvision-only image processors (models.optional); the projector needs the language width.
+    "step3p7": _Family(Step3Adapter, _itself),
+    "kimi_k25": _Family(KimiAdapter, _itself),
 }
 
 
@@ -116,6 +123,8 @@ def _family_of(checkpoint: Path) -> _Family:
             f"model_type {model_type!r} in {checkpoint}/config.json is not supported; supported: {sorted(_FAMILIES)} "
             "(a full VLM checkpoint of one of these, or its vision tower alone)"
         )
+    if model_type in TORCHVISION_MODEL_TYPES:
+        require_torchvision(model_type)  # a dependency this process lacks cannot appear later
     if not any((checkpoint / name).is_file() for name in ("preprocessor_config.json", "processor_config.json")):
         raise CheckpointError(
             f"{checkpoint} has no preprocessor_config.json or processor_config.json: the image processor is "

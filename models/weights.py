@@ -21,7 +21,14 @@ from safetensors import safe_open
 
 from models.errors import CheckpointError
 
-__all__ = ["KeyMap", "load_config_json", "load_encoder_weights", "transformers4_layout", "weight_files"]
+__all__ = [
+    "KeyMap",
+    "load_config_json",
+    "load_encoder_weights",
+    "rotary_halves",
+    "transformers4_layout",
+    "weight_files",
+]
 
 
 def load_config_json(checkpoint: Path) -> dict[str, object]:
@@ -65,13 +72,16 @@ class KeyMap:
     ``source`` maps a module tensor name to its checkpoint key and, for fused tensors (one ``qkv``
     for three projections), which of ``parts`` equal chunks along dim 0 it is. ``roots`` are the
     checkpoint prefixes that belong to the encoder: any tensor under them that no module tensor
-    reads is an error, as is any module parameter the checkpoint lacks.
+    reads is an error, as is any module parameter the checkpoint lacks. ``transform`` (module tensor
+    name, stored tensor, the module being filled) -> module tensor reorders what a layout stores
+    differently (e.g. q/k rows interleaved for rotary embeddings).
     """
 
     roots: tuple[str, ...]
     source: Callable[[str], tuple[str, int | None]]
     parts: int = 3
     name: str = "mapped layout"
+    transform: Callable[[str, torch.Tensor, torch.nn.Module], torch.Tensor] | None = None
 
 
 def transformers4_layout(*roots: str, tower: str = "vision_tower.", inner: str = "vision_model.") -> KeyMap:
@@ -85,6 +95,15 @@ def transformers4_layout(*roots: str, tower: str = "vision_tower.", inner: str =
         return name, None
 
     return KeyMap(roots=(tower, *roots), source=source, name="transformers 4 layout")
+
+
+def rotary_halves(tensor: torch.Tensor, heads: int) -> torch.Tensor:
+    """q/k rows stored interleaved per head for complex rotary embeddings, reordered into the halves
+    transformers' rotate-half rotary reads (what its ``PermuteForRope`` does when loading such repos)."""
+    rows = tensor.shape[0]
+    half = rows // heads // 2
+    rest = tensor.shape[1:]
+    return tensor.reshape(heads, half, 2, *rest).transpose(1, 2).reshape(rows, *rest)
 
 
 def _under_prefix(prefix: str, top_level: set[str]) -> KeyMap:
@@ -149,6 +168,8 @@ def load_encoder_weights(
             tensor = handles[keys[key]].get_tensor(key)
             if part is not None:
                 tensor = tensor.chunk(layout.parts, dim=0)[part]
+            if layout.transform is not None:
+                tensor = layout.transform(name, tensor, module)
             target = state[name]
             if tensor.shape != target.shape:
                 raise CheckpointError(

@@ -14,7 +14,7 @@ import torch
 
 from app.worker import EncoderWorker, TokenDrift
 from models import EncoderAdapter, MetadataError, load_encoder
-from tests.families import FAMILIES, FamilySpec
+from tests.families import FAMILIES, FamilySpec, family_params
 from tests.helpers import noise_image
 
 CPU = torch.device("cpu")
@@ -23,7 +23,7 @@ ATOL = 1e-5
 IMAGES = [noise_image(120, 90, seed=1), noise_image(64, 200, seed=2), noise_image(300, 160, seed=3)]
 
 
-@pytest.fixture(scope="module", params=sorted(FAMILIES))
+@pytest.fixture(scope="module", params=family_params())
 def spec(request: pytest.FixtureRequest) -> FamilySpec:
     return FAMILIES[request.param]
 

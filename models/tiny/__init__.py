@@ -22,6 +22,7 @@ from models.tiny.common import Layout, ProcessorLayout, TinyProcessor, fill_dete
 from models.tiny.internvl import internvl, internvl_chat, to_opengvlab_layout
 from models.tiny.llava import gemma3, idefics3, llava_next, llava_onevision, mistral3, smolvlm
 from models.tiny.qwen import glm4v, qwen2_vl, qwen3_5, qwen3_vl
+from models.tiny.step3_kimi import kimi_k25, step3p7
 from models.tiny.towers import clip, siglip
 
 __all__ = ["FAMILIES", "Layout", "ProcessorLayout", "TinyProcessor", "build_tiny", "fill_deterministic"]
@@ -41,6 +42,8 @@ FAMILIES: dict[str, Callable[[Layout, int], tuple[PreTrainedModel, TinyProcessor
     "clip": clip,
     "internvl": internvl,
     "internvl_chat": internvl_chat,
+    "step3p7": step3p7,
+    "kimi_k25": kimi_k25,
 }
 
 

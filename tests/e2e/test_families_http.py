@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 import torch
 
-from tests.families import FAMILIES, FamilySpec
+from tests.families import FAMILIES, FamilySpec, family_params
 from tests.helpers import LiveServer, assert_error, data_uri, live_server, noise_image, precomputed, rows_of
 
 IMAGES = [noise_image(120, 90, seed=1), noise_image(64, 200, seed=2), noise_image(300, 160, seed=3)]
 
 
-@pytest.fixture(scope="module", params=sorted(FAMILIES))
+@pytest.fixture(scope="module", params=family_params())
 def spec(request: pytest.FixtureRequest) -> FamilySpec:
     return FAMILIES[request.param]
 

@@ -8,14 +8,45 @@ friends, called on the real processor class), and a checkpoint whose processor d
 Several whole-processor classes cannot be instantiated without torchvision (they bundle a video
 processor), so their counting methods are called on an instance built without ``__init__`` that holds
 only the image processor and the token strings: the code that counts is still the processor's own.
+
+Step3 and Kimi cannot run at all without torchvision: their parameters carry the ``torchvision``
+marker, and skip with the reason where it does not import (``make test-torchvision`` runs them).
 """
 
 from __future__ import annotations
 
-from tests.families import internvl, llava, qwen
+from typing import Any
+
+import pytest
+
+from models.catalog import TORCHVISION_MODEL_TYPES
+from models.optional import torchvision_problem
+from tests.families import internvl, llava, qwen, step3_kimi
 from tests.families.common import FamilySpec, bare_processor, tiny_tokenizer
 from tests.families.internvl import opengvlab_to_transformers
 
-__all__ = ["FAMILIES", "FamilySpec", "bare_processor", "opengvlab_to_transformers", "tiny_tokenizer"]
+__all__ = [
+    "FAMILIES",
+    "FamilySpec",
+    "bare_processor",
+    "family_params",
+    "needs_torchvision",
+    "opengvlab_to_transformers",
+    "tiny_tokenizer",
+]
 
-FAMILIES: dict[str, FamilySpec] = {**qwen.SPECS, **llava.SPECS, **internvl.SPECS}
+FAMILIES: dict[str, FamilySpec] = {**qwen.SPECS, **llava.SPECS, **internvl.SPECS, **step3_kimi.SPECS}
+
+_PROBLEM = torchvision_problem()
+needs_torchvision = [
+    pytest.mark.torchvision,
+    pytest.mark.skipif(_PROBLEM is not None, reason=f"needs torchvision (make test-torchvision): {_PROBLEM}"),
+]
+
+
+def family_params() -> list[Any]:
+    """Every family as a pytest parameter; the torchvision-only ones marked (and skipped without it)."""
+    return [
+        pytest.param(name, marks=needs_torchvision) if name in TORCHVISION_MODEL_TYPES else name
+        for name in sorted(FAMILIES)
+    ]
