@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.errors import InvalidApiKey, error_response
-from app.metrics import Metrics
+from mmencode.app.errors import InvalidApiKey, error_response
+from mmencode.app.metrics import Metrics
 
 __all__ = ["PROTECTED_PATHS", "ApiKeyMiddleware", "is_protected"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.errors import PayloadTooLarge, error_response
-from app.metrics import Metrics
+from mmencode.app.errors import PayloadTooLarge, error_response
+from mmencode.app.metrics import Metrics
 
 __all__ = ["BodyLimitMiddleware"]
 

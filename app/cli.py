@@ -15,9 +15,9 @@ from typing import Any
 from pydantic import ByteSize, ValidationError
 from pydantic_core import PydanticUndefined
 
-from app import __version__
-from app.config import Settings, unknown_environment
-from models.catalog import TINY_FAMILIES, catalog_text
+from mmencode.app import __version__
+from mmencode.app.config import Settings, unknown_environment
+from mmencode.models.catalog import TINY_FAMILIES, catalog_text
 
 __all__ = ["main"]
 
@@ -96,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "make-tiny":
-        from models.tiny import build_tiny
+        from mmencode.models.tiny import build_tiny
 
         try:
             path = build_tiny(
@@ -136,9 +136,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def serve(settings: Settings) -> int:
     import uvicorn
 
-    from app.main import create_app
-    from app.runtime import DRAIN_GRACE_S, Phase
-    from models import CheckpointError, check_checkpoint
+    from mmencode.app.main import create_app
+    from mmencode.app.runtime import DRAIN_GRACE_S, Phase
+    from mmencode.models import CheckpointError, check_checkpoint
 
     if settings.model is not None:
         # Fail before binding the port on what can be known now: a missing directory, a hub id, no weights.

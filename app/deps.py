@@ -6,8 +6,8 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from app.runtime import Runtime
-from app.scheduler import Scheduler
+from mmencode.app.runtime import Runtime
+from mmencode.app.scheduler import Scheduler
 
 __all__ = ["ReadyScheduler", "RuntimeDep"]
 

@@ -16,9 +16,9 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from app.metrics import Metrics
-from app.responses import dumps_json
-from schemas.errors import ErrorType
+from mmencode.app.metrics import Metrics
+from mmencode.app.responses import dumps_json
+from mmencode.schemas.errors import ErrorType
 
 logger = logging.getLogger("mmencode.errors")
 

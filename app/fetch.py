@@ -22,7 +22,7 @@ from http.cookiejar import CookieJar, DefaultCookiePolicy
 
 import httpx
 
-from app.errors import ImageFetchFailed, PayloadTooLarge, UrlNotAllowed
+from mmencode.app.errors import ImageFetchFailed, PayloadTooLarge, UrlNotAllowed
 
 __all__ = ["ImageFetcher", "is_public_address"]
 

@@ -17,7 +17,7 @@ import warnings
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from app.errors import InvalidImage, PayloadTooLarge
+from mmencode.app.errors import InvalidImage, PayloadTooLarge
 
 __all__ = ["decode_base64_image", "decode_image", "is_url"]
 

@@ -9,16 +9,16 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
-from app import __version__
-from app.auth import ApiKeyMiddleware, is_protected
-from app.body_limit import BodyLimitMiddleware
-from app.config import Settings
-from app.errors import install_error_handlers
-from app.middleware import RequestContextMiddleware
-from app.openapi import install_openapi
-from app.routes import embeddings, encode, health
-from app.routes import sglang as sglang_routes
-from app.runtime import Runtime
+from mmencode.app import __version__
+from mmencode.app.auth import ApiKeyMiddleware, is_protected
+from mmencode.app.body_limit import BodyLimitMiddleware
+from mmencode.app.config import Settings
+from mmencode.app.errors import install_error_handlers
+from mmencode.app.middleware import RequestContextMiddleware
+from mmencode.app.openapi import install_openapi
+from mmencode.app.routes import embeddings, encode, health
+from mmencode.app.routes import sglang as sglang_routes
+from mmencode.app.runtime import Runtime
 
 __all__ = ["create_app"]
 

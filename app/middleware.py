@@ -17,8 +17,8 @@ from starlette.requests import ClientDisconnect
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.errors import InternalError, error_response
-from app.metrics import Metrics
+from mmencode.app.errors import InternalError, error_response
+from mmencode.app.metrics import Metrics
 
 __all__ = ["RequestContextMiddleware"]
 

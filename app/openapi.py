@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from schemas.errors import ErrorResponse
+from mmencode.schemas.errors import ErrorResponse
 
 __all__ = ["ERROR_RESPONSES", "install_openapi", "request_body"]
 

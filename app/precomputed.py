@@ -8,8 +8,8 @@ import binascii
 import numpy as np
 import torch
 
-from app.errors import PayloadTooLarge, PrecomputedShapeMismatch, ValidationFailed
-from schemas.encode import PrecomputedEmbedding
+from mmencode.app.errors import PayloadTooLarge, PrecomputedShapeMismatch, ValidationFailed
+from mmencode.schemas.encode import PrecomputedEmbedding
 
 __all__ = ["decode_precomputed"]
 

@@ -10,7 +10,7 @@ import orjson
 import torch
 from starlette.responses import Response
 
-from app.wire.encodings import embedding_payload
+from mmencode.app.wire.encodings import embedding_payload
 
 __all__ = ["JSONBytesResponse", "dumps_json", "embedding_payload", "l2_normalised_mean"]
 

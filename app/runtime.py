@@ -16,17 +16,17 @@ from pathlib import Path
 
 import torch
 
-from app.cache import LRUEmbeddingCache, SharedCache, TieredCache
-from app.config import Settings
-from app.errors import ModelNotFound, NotReady
-from app.fetch import ImageFetcher
-from app.integrations.sglang import SGLangEncoderBridge
-from app.integrations.vllm import EncoderCacheWriter
-from app.metrics import Metrics
-from app.scheduler import Limits, Scheduler
-from app.worker import EncoderWorker
-from models import CheckpointError, EncoderAdapter, load_encoder
-from models.tiny import build_tiny
+from mmencode.app.cache import LRUEmbeddingCache, SharedCache, TieredCache
+from mmencode.app.config import Settings
+from mmencode.app.errors import ModelNotFound, NotReady
+from mmencode.app.fetch import ImageFetcher
+from mmencode.app.integrations.sglang import SGLangEncoderBridge
+from mmencode.app.integrations.vllm import EncoderCacheWriter
+from mmencode.app.metrics import Metrics
+from mmencode.app.scheduler import Limits, Scheduler
+from mmencode.app.worker import EncoderWorker
+from mmencode.models import CheckpointError, EncoderAdapter, load_encoder
+from mmencode.models.tiny import build_tiny
 
 __all__ = [
     "DRAIN_GRACE_S",

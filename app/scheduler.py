@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 import torch
 
-from app.cache import CachedEmbedding, TieredCache, content_hash
-from app.errors import (
+from mmencode.app.cache import CachedEmbedding, TieredCache, content_hash
+from mmencode.app.errors import (
     InternalError,
     InvalidImage,
     MissingMetadata,
@@ -32,13 +32,13 @@ from app.errors import (
     UnknownHash,
     ValidationFailed,
 )
-from app.fetch import ImageFetcher
-from app.images import decode_base64_image, decode_image, is_url
-from app.metrics import Metrics
-from app.precomputed import decode_precomputed
-from app.worker import EncoderWorker, QueueFull, TokenDrift, WorkerStopped
-from models import EncoderAdapter, MetadataError, PreparedImage
-from schemas.encode import PrecomputedEmbedding
+from mmencode.app.fetch import ImageFetcher
+from mmencode.app.images import decode_base64_image, decode_image, is_url
+from mmencode.app.metrics import Metrics
+from mmencode.app.precomputed import decode_precomputed
+from mmencode.app.worker import EncoderWorker, QueueFull, TokenDrift, WorkerStopped
+from mmencode.models import EncoderAdapter, MetadataError, PreparedImage
+from mmencode.schemas.encode import PrecomputedEmbedding
 
 __all__ = ["ItemInput", "ItemResult", "Limits", "Scheduler"]
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from app.metrics import Metrics
-from models import EncoderAdapter, EncoderOutput, PreparedImage
+from mmencode.app.metrics import Metrics
+from mmencode.models import EncoderAdapter, EncoderOutput, PreparedImage
 
 __all__ = ["EncoderWorker", "QueueFull", "TokenDrift", "WorkerStopped"]
 

@@ -20,11 +20,11 @@ from typing import Any
 import httpx
 import torch
 
-from app.images import decode_image
-from app.runtime import resolve_device
 from bench.checkpoints import build_checkpoint
 from bench.common import bucket_distribution, data_uri, drive, histogram, jpeg_images, percentile, service
-from models import load_encoder
+from mmencode.app.images import decode_image
+from mmencode.app.runtime import resolve_device
+from mmencode.models import load_encoder
 
 
 def bare_pipeline(checkpoint: Path, jpegs: list[bytes], batch_sizes: list[int], dtype: torch.dtype) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from pathlib import Path
 from transformers import Qwen2VLImageProcessorPil, Qwen2VLVisionConfig
 from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
 
-from models.tiny import build_tiny, fill_deterministic
+from mmencode.models.tiny import build_tiny, fill_deterministic
 
 __all__ = ["build_checkpoint"]
 

@@ -58,7 +58,7 @@ def free_port() -> int:
 def service(model: Path, *args: str, port: int | None = None) -> Iterator[str]:
     """``mmencode serve`` in a subprocess on loopback; yields its base URL once /ready is 200."""
     port = port or free_port()
-    command = [sys.executable, "-m", "app.cli", "serve", "--model", str(model), "--port", str(port), *args]
+    command = [sys.executable, "-m", "mmencode", "serve", "--model", str(model), "--port", str(port), *args]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     # The log goes to a file: an unread pipe fills up and blocks the server on its next log line.
     log = tempfile.NamedTemporaryFile(prefix=f"mmencode-{port}-", suffix=".log", delete=False)  # noqa: SIM115

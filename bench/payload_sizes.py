@@ -16,10 +16,10 @@ import numpy as np
 import torch
 from PIL import Image
 
-from app.responses import dumps_json
-from app.wire.encodings import embedding_payload
-from models import load_encoder
-from models.tiny import build_tiny
+from mmencode.app.responses import dumps_json
+from mmencode.app.wire.encodings import embedding_payload
+from mmencode.models import load_encoder
+from mmencode.models.tiny import build_tiny
 
 
 def main() -> None:

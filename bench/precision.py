@@ -12,10 +12,10 @@ from pathlib import Path
 
 import torch
 
-from app.images import decode_image
 from bench.checkpoints import build_checkpoint
 from bench.common import jpeg_images
-from models import load_encoder
+from mmencode.app.images import decode_image
+from mmencode.models import load_encoder
 
 
 def main() -> None:

@@ -17,8 +17,8 @@ from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 
 from transformers import Qwen2VLImageProcessorPil
 
-from app.images import decode_image
 from bench.common import jpeg_images
+from mmencode.app.images import decode_image
 
 _PROCESSOR = Qwen2VLImageProcessorPil()  # the released checkpoints' defaults
 

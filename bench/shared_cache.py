@@ -20,10 +20,10 @@ import httpx
 import redis
 import torch
 
-from app.cache import CachedEmbedding
-from app.cache.shared import encode_value
 from bench.checkpoints import build_checkpoint
 from bench.common import data_uri, jpeg_images, percentile, redis_server, service
+from mmencode.app.cache import CachedEmbedding
+from mmencode.app.cache.shared import encode_value
 
 
 def _post(client: httpx.Client, item: dict[str, str]) -> tuple[float, dict[str, Any]]:

@@ -10,9 +10,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from models.base import EncoderAdapter, EncoderOutput, PreparedImage
-    from models.errors import CheckpointError, MetadataError
-    from models.registry import check_checkpoint, load_encoder, supported_families
+    from mmencode.models.base import EncoderAdapter, EncoderOutput, PreparedImage
+    from mmencode.models.errors import CheckpointError, MetadataError
+    from mmencode.models.registry import check_checkpoint, load_encoder, supported_families
 
 # Name -> the submodule that defines it, relative to this package.
 _HOMES = {

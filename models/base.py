@@ -18,9 +18,9 @@ import torch
 from PIL import Image
 from transformers import AutoConfig
 
-from models.errors import MetadataError
-from models.processor_config import ProcessorConfig, read_processor_config
-from models.weights import KeyMap
+from mmencode.models.errors import MetadataError
+from mmencode.models.processor_config import ProcessorConfig, read_processor_config
+from mmencode.models.weights import KeyMap
 
 
 @dataclass(frozen=True, slots=True)

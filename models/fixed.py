@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 from transformers import CLIPImageProcessorPil, CLIPVisionModel, SiglipImageProcessorPil, SiglipVisionModel
 
-from models.base import EncoderAdapter, EncoderOutput, PreparedImage
+from mmencode.models.base import EncoderAdapter, EncoderOutput, PreparedImage
 
 
 class SiglipAdapter(EncoderAdapter):

@@ -23,9 +23,9 @@ from PIL import Image
 from transformers import AutoModel, Gemma3Config, Gemma3ImageProcessorPil
 from transformers.models.gemma3.modeling_gemma3 import Gemma3MultiModalProjector
 
-from models.base import EncoderAdapter, EncoderOutput, PreparedImage
-from models.errors import MetadataError
-from models.weights import transformers4_layout
+from mmencode.models.base import EncoderAdapter, EncoderOutput, PreparedImage
+from mmencode.models.errors import MetadataError
+from mmencode.models.weights import transformers4_layout
 
 _CROPS = "num_crops"
 

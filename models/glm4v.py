@@ -13,7 +13,7 @@ import torch
 from transformers import Glm4vImageProcessorPil
 from transformers.models.glm4v.modeling_glm4v import Glm4vVisionModel
 
-from models.qwen2_vl import Qwen2VLAdapter
+from mmencode.models.qwen2_vl import Qwen2VLAdapter
 
 
 class Glm4vAdapter(Qwen2VLAdapter):

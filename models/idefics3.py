@@ -21,8 +21,8 @@ from transformers import Idefics3Config, Idefics3ImageProcessorPil, SmolVLMImage
 from transformers.models.idefics3.modeling_idefics3 import Idefics3Connector, Idefics3VisionTransformer
 from transformers.models.smolvlm.modeling_smolvlm import SmolVLMConnector, SmolVLMVisionTransformer
 
-from models.base import EncoderAdapter, EncoderOutput, PreparedImage
-from models.errors import MetadataError
+from mmencode.models.base import EncoderAdapter, EncoderOutput, PreparedImage
+from mmencode.models.errors import MetadataError
 
 _GRID = "crop_grid"
 

@@ -18,10 +18,10 @@ from PIL import Image
 from transformers import AutoModel, GotOcr2ImageProcessorPil, InternVLConfig, InternVLVisionConfig, Qwen2Config
 from transformers.models.internvl.modeling_internvl import InternVLMultiModalProjector
 
-from models.base import EncoderAdapter, EncoderOutput, PreparedImage
-from models.errors import CheckpointError
-from models.processor_config import ProcessorConfig
-from models.weights import KeyMap, load_config_json
+from mmencode.models.base import EncoderAdapter, EncoderOutput, PreparedImage
+from mmencode.models.errors import CheckpointError
+from mmencode.models.processor_config import ProcessorConfig
+from mmencode.models.weights import KeyMap, load_config_json
 
 
 class InternVLEncoder(torch.nn.Module):

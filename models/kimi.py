@@ -24,11 +24,11 @@ import torch
 from transformers import Kimi_K25Config
 from transformers.models.kimi_k25.modeling_kimi_k25 import Kimi_K25MultimodalProjection, Kimi_K25VisionModel
 
-from models.base import EncoderOutput, PreparedImage
-from models.optional import require_torchvision
-from models.processor_config import ProcessorConfig
-from models.qwen2_vl import Qwen2VLAdapter
-from models.weights import KeyMap, rotary_halves
+from mmencode.models.base import EncoderOutput, PreparedImage
+from mmencode.models.optional import require_torchvision
+from mmencode.models.processor_config import ProcessorConfig
+from mmencode.models.qwen2_vl import Qwen2VLAdapter
+from mmencode.models.weights import KeyMap, rotary_halves
 
 # ----- the layout Kimi repos ship (and transformers' save_pretrained writes back) -----
 _KIMI_RENAMES = (

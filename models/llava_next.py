@@ -18,7 +18,7 @@ from transformers import LlavaNextConfig, LlavaNextImageProcessorPil
 from transformers.image_processing_utils import select_best_resolution
 from transformers.models.llava_next.modeling_llava_next import LlavaNextModel, LlavaNextMultiModalProjector
 
-from models.llava_onevision import LlavaOnevisionAdapter, LlavaOnevisionEncoder
+from mmencode.models.llava_onevision import LlavaOnevisionAdapter, LlavaOnevisionEncoder
 
 
 class LlavaNextEncoder(LlavaOnevisionEncoder):

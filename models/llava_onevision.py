@@ -30,9 +30,9 @@ from transformers.models.llava_onevision.modeling_llava_onevision import (
     LlavaOnevisionMultiModalProjector,
 )
 
-from models.base import EncoderAdapter, EncoderOutput, PreparedImage
-from models.errors import MetadataError
-from models.weights import transformers4_layout
+from mmencode.models.base import EncoderAdapter, EncoderOutput, PreparedImage
+from mmencode.models.errors import MetadataError
+from mmencode.models.weights import transformers4_layout
 
 _SIZES = "image_sizes"
 

@@ -20,8 +20,8 @@ from PIL import Image
 from transformers import AutoModel, Mistral3Config, PixtralImageProcessorPil
 from transformers.models.mistral3.modeling_mistral3 import Mistral3MultiModalProjector
 
-from models.base import EncoderAdapter, EncoderOutput, PreparedImage
-from models.errors import MetadataError
+from mmencode.models.base import EncoderAdapter, EncoderOutput, PreparedImage
+from mmencode.models.errors import MetadataError
 
 _SIZES = "image_sizes"
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import importlib
 
-from models.errors import CheckpointError
+from mmencode.models.errors import CheckpointError
 
 __all__ = ["require_torchvision", "torchvision_problem"]
 

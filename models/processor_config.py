@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from models.errors import CheckpointError
+from mmencode.models.errors import CheckpointError
 
 __all__ = ["PREPROCESSOR_FILE", "PROCESSOR_FILE", "ProcessorConfig", "read_processor_config"]
 

@@ -18,8 +18,8 @@ from transformers import Qwen2VLImageProcessorPil
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
 from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
 
-from models.base import EncoderAdapter, EncoderOutput, PreparedImage
-from models.errors import MetadataError
+from mmencode.models.base import EncoderAdapter, EncoderOutput, PreparedImage
+from mmencode.models.errors import MetadataError
 
 
 class Qwen2VLAdapter(EncoderAdapter):

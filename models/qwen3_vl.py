@@ -22,9 +22,9 @@ from PIL import Image
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5VisionModel
 from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
 
-from models.base import EncoderOutput, PreparedImage
-from models.errors import MetadataError
-from models.qwen2_vl import Qwen2VLAdapter
+from mmencode.models.base import EncoderOutput, PreparedImage
+from mmencode.models.errors import MetadataError
+from mmencode.models.qwen2_vl import Qwen2VLAdapter
 
 SPLIT_FIELD = "deepstack_split"
 

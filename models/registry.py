@@ -12,23 +12,23 @@ from typing import Any
 import blake3
 import torch
 
-from models.base import EncoderAdapter
-from models.catalog import TORCHVISION_MODEL_TYPES
-from models.errors import CheckpointError
-from models.fixed import ClipAdapter, SiglipAdapter
-from models.gemma3 import Gemma3Adapter
-from models.glm4v import Glm4vAdapter
-from models.idefics3 import Idefics3Adapter, SmolVLMAdapter
-from models.internvl import InternVLAdapter, InternVLChatAdapter
-from models.kimi import KimiAdapter
-from models.llava_next import LlavaNextAdapter
-from models.llava_onevision import LlavaOnevisionAdapter
-from models.mistral3 import Mistral3Adapter
-from models.optional import require_torchvision
-from models.qwen2_vl import Qwen2_5_VLAdapter, Qwen2VLAdapter
-from models.qwen3_vl import Qwen3_5Adapter, Qwen3VLAdapter
-from models.step3 import Step3Adapter
-from models.weights import load_config_json, load_encoder_weights, weight_files
+from mmencode.models.base import EncoderAdapter
+from mmencode.models.catalog import TORCHVISION_MODEL_TYPES
+from mmencode.models.errors import CheckpointError
+from mmencode.models.fixed import ClipAdapter, SiglipAdapter
+from mmencode.models.gemma3 import Gemma3Adapter
+from mmencode.models.glm4v import Glm4vAdapter
+from mmencode.models.idefics3 import Idefics3Adapter, SmolVLMAdapter
+from mmencode.models.internvl import InternVLAdapter, InternVLChatAdapter
+from mmencode.models.kimi import KimiAdapter
+from mmencode.models.llava_next import LlavaNextAdapter
+from mmencode.models.llava_onevision import LlavaOnevisionAdapter
+from mmencode.models.mistral3 import Mistral3Adapter
+from mmencode.models.optional import require_torchvision
+from mmencode.models.qwen2_vl import Qwen2_5_VLAdapter, Qwen2VLAdapter
+from mmencode.models.qwen3_vl import Qwen3_5Adapter, Qwen3VLAdapter
+from mmencode.models.step3 import Step3Adapter
+from mmencode.models.weights import load_config_json, load_encoder_weights, weight_files
 
 __all__ = ["check_checkpoint", "load_encoder", "supported_families", "supported_model_types"]
 

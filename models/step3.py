@@ -28,11 +28,11 @@ from PIL import Image
 from transformers import Step3p7Config
 from transformers.models.step3p7.modeling_step3p7 import Step3p7VisionModel
 
-from models.base import EncoderAdapter, EncoderOutput, PreparedImage
-from models.errors import MetadataError
-from models.optional import require_torchvision
-from models.processor_config import ProcessorConfig
-from models.weights import KeyMap, rotary_halves
+from mmencode.models.base import EncoderAdapter, EncoderOutput, PreparedImage
+from mmencode.models.errors import MetadataError
+from mmencode.models.optional import require_torchvision
+from mmencode.models.processor_config import ProcessorConfig
+from mmencode.models.weights import KeyMap, rotary_halves
 
 # ----- the layout Step3 repos ship (and transformers' save_pretrained writes back) -----
 _STEP3_RENAMES = (

@@ -19,7 +19,7 @@ import blake3
 import torch
 from safetensors import safe_open
 
-from models.errors import CheckpointError
+from mmencode.models.errors import CheckpointError
 
 __all__ = [
     "KeyMap",

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from models.tiny import build_tiny
+from mmencode.models.tiny import build_tiny
 from tests.helpers import LiveServer, live_server
 
 # Nothing may reach a hub; the service must not need to.

@@ -18,8 +18,8 @@ import torch
 import uvicorn
 from PIL import Image
 
-from app.config import Settings
-from app.main import create_app
+from mmencode.app.config import Settings
+from mmencode.app.main import create_app
 
 
 def noise_image(width: int, height: int, seed: int = 0, mode: str = "RGB") -> Image.Image:

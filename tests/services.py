@@ -105,7 +105,7 @@ class Replica:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        command = [sys.executable, "-m", "app.cli", "serve", "--port", str(self.port), *self.args]
+        command = [sys.executable, "-m", "mmencode", "serve", "--port", str(self.port), *self.args]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", **self.env}
         self.process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 

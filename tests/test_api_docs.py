@@ -11,12 +11,12 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import BaseModel
 
-from app import errors
-from app.config import Settings
-from app.main import create_app
-from schemas.embeddings import EmbeddingsRequest, EmbeddingsResponse, ModelList
-from schemas.encode import EncodeItem, EncodeRequest, EncodeResponse, EncodingFormat, PrecomputedEmbedding
-from schemas.errors import ErrorResponse
+from mmencode.app import errors
+from mmencode.app.config import Settings
+from mmencode.app.main import create_app
+from mmencode.schemas.embeddings import EmbeddingsRequest, EmbeddingsResponse, ModelList
+from mmencode.schemas.encode import EncodeItem, EncodeRequest, EncodeResponse, EncodingFormat, PrecomputedEmbedding
+from mmencode.schemas.errors import ErrorResponse
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = (ROOT / "docs" / "api.md").read_text()

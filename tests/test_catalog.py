@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from app.cli import build_parser
-from models.catalog import CATALOG, TINY_FAMILIES
-from models.registry import supported_model_types
-from models.tiny import FAMILIES
+from mmencode.app.cli import build_parser
+from mmencode.models.catalog import CATALOG, TINY_FAMILIES
+from mmencode.models.registry import supported_model_types
+from mmencode.models.tiny import FAMILIES
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

@@ -16,8 +16,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import Qwen2VLImageProcessorPil
 
-from models import CheckpointError, EncoderAdapter, load_encoder
-from models.tiny import build_tiny
+from mmencode.models import CheckpointError, EncoderAdapter, load_encoder
+from mmencode.models.tiny import build_tiny
 from tests.families import opengvlab_to_transformers
 from tests.helpers import noise_image
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from app.cli import build_parser
-from app.config import Settings, unknown_environment
+from mmencode.app.cli import build_parser
+from mmencode.app.config import Settings, unknown_environment
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,7 +51,7 @@ def test_dockerfile_installs_the_pinned_torch_and_runs_the_service() -> None:
     cmd = re.search(r"^CMD (\[.*\])$", dockerfile, re.M)
     assert cmd is not None
     assert yaml.safe_load(cmd.group(1)) == _service()["command"]
-    for package in ("app", "models", "schemas"):
+    for package in ("app", "models", "schemas", "mmencode"):
         assert f"COPY {package} ./{package}" in dockerfile
 
 

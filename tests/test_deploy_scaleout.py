@@ -14,10 +14,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from app.cli import build_parser
-from app.config import Settings
-from app.metrics import Metrics
-from app.runtime import DRAIN_GRACE_S
+from mmencode.app.cli import build_parser
+from mmencode.app.config import Settings
+from mmencode.app.metrics import Metrics
+from mmencode.app.runtime import DRAIN_GRACE_S
 from tests.services import require_binary
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -24,7 +24,7 @@ from transformers import (
 )
 from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
 
-from models import EncoderAdapter, load_encoder
+from mmencode.models import EncoderAdapter, load_encoder
 from tests.helpers import noise_image
 
 CPU = torch.device("cpu")

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.worker import EncoderWorker, TokenDrift
-from models import EncoderAdapter, MetadataError, load_encoder
+from mmencode.app.worker import EncoderWorker, TokenDrift
+from mmencode.models import EncoderAdapter, MetadataError, load_encoder
 from tests.families import FAMILIES, FamilySpec, family_params
 from tests.helpers import noise_image
 

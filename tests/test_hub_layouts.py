@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import Gemma3ForConditionalGeneration
 
-from models import load_encoder
+from mmencode.models import load_encoder
 from tests.families import FAMILIES
 from tests.helpers import noise_image
 

@@ -22,10 +22,10 @@ from hypothesis import strategies as st
 from PIL import Image
 from pydantic import ValidationError
 
-from app.errors import InvalidImage, PayloadTooLarge, ServiceError
-from app.images import decode_base64_image, decode_image
-from app.precomputed import decode_precomputed
-from schemas.encode import EncodeRequest, PrecomputedEmbedding
+from mmencode.app.errors import InvalidImage, PayloadTooLarge, ServiceError
+from mmencode.app.images import decode_base64_image, decode_image
+from mmencode.app.precomputed import decode_precomputed
+from mmencode.schemas.encode import EncodeRequest, PrecomputedEmbedding
 
 BOUNDED = settings(
     max_examples=150,

@@ -6,8 +6,8 @@ import re
 import shlex
 from pathlib import Path
 
-from app.cli import build_parser
-from models.registry import supported_families, supported_model_types
+from mmencode.app.cli import build_parser
+from mmencode.models.registry import supported_families, supported_model_types
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
 SECTION = README.split("## Serving a real model", 1)[1].split("\n## ", 1)[0]

@@ -18,9 +18,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from models import CheckpointError, MetadataError, load_encoder
-from models.optional import torchvision_problem
-from models.tiny.step3_kimi import KIMI_PROCESSOR, STEP3_PROCESSOR
+from mmencode.models import CheckpointError, MetadataError, load_encoder
+from mmencode.models.optional import torchvision_problem
+from mmencode.models.tiny.step3_kimi import KIMI_PROCESSOR, STEP3_PROCESSOR
 from tests.families import needs_torchvision, tiny_tokenizer
 from tests.families.step3_kimi import STEP3_TOKENS
 from tests.helpers import noise_image

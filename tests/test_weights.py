@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
 
-from models import CheckpointError, load_encoder
-from models.tiny import build_tiny
+from mmencode.models import CheckpointError, load_encoder
+from mmencode.models.tiny import build_tiny
 
 CPU = torch.device("cpu")
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.worker import EncoderWorker, QueueFull, TokenDrift
-from models import EncoderAdapter, EncoderOutput, PreparedImage, load_encoder
+from mmencode.app.worker import EncoderWorker, QueueFull, TokenDrift
+from mmencode.models import EncoderAdapter, EncoderOutput, PreparedImage, load_encoder
 from tests.helpers import noise_image
 
 

@@ -3,9 +3,9 @@
 ``TieredCache`` is what the scheduler talks to: local LRU first, then the shared store, then the encoder.
 """
 
-from app.cache.local import CachedEmbedding, EmbeddingCache, LRUEmbeddingCache, content_hash
-from app.cache.shared import SharedCache
-from app.cache.tiered import Hit, TieredCache
+from mmencode.app.cache.local import CachedEmbedding, EmbeddingCache, LRUEmbeddingCache, content_hash
+from mmencode.app.cache.shared import SharedCache
+from mmencode.app.cache.tiered import Hit, TieredCache
 
 __all__ = [
     "CachedEmbedding",

@@ -26,8 +26,8 @@ import torch
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from app.cache.local import CachedEmbedding
-from app.metrics import Metrics
+from mmencode.app.cache.local import CachedEmbedding
+from mmencode.app.metrics import Metrics
 
 __all__ = ["FORMAT_VERSION", "SharedCache", "decode_value", "encode_value"]
 

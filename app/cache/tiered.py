@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from app.cache.local import CachedEmbedding, LRUEmbeddingCache
-from app.cache.shared import SharedCache
-from app.metrics import Metrics
+from mmencode.app.cache.local import CachedEmbedding, LRUEmbeddingCache
+from mmencode.app.cache.shared import SharedCache
+from mmencode.app.metrics import Metrics
 
 __all__ = ["Hit", "TieredCache"]
 

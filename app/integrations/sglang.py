@@ -34,13 +34,13 @@ from typing import Any
 import torch
 import zmq
 
-from app.errors import InternalError, InvalidImage, InvalidRequest, RequestTimeout, ServiceError
-from app.fetch import ImageFetcher
-from app.images import decode_base64_image, is_url
-from app.metrics import Metrics
-from app.scheduler import ItemInput, ItemResult
-from app.wire.encodings import TORCH_DTYPES
-from schemas.sglang import SGLangEncodeRequest, SGLangReceiveUrlRequest
+from mmencode.app.errors import InternalError, InvalidImage, InvalidRequest, RequestTimeout, ServiceError
+from mmencode.app.fetch import ImageFetcher
+from mmencode.app.images import decode_base64_image, is_url
+from mmencode.app.metrics import Metrics
+from mmencode.app.scheduler import ItemInput, ItemResult
+from mmencode.app.wire.encodings import TORCH_DTYPES
+from mmencode.schemas.sglang import SGLangEncodeRequest, SGLangReceiveUrlRequest
 
 __all__ = ["EMBEDDING_DATA_CLASS", "MODALITY_CLASS", "ReceiverRegistry", "SGLangEncoderBridge", "embedding_frames"]
 

@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from app.metrics import Metrics
-from app.wire.encodings import TORCH_DTYPES
+from mmencode.app.metrics import Metrics
+from mmencode.app.wire.encodings import TORCH_DTYPES
 
 __all__ = ["EC_CACHE_FILENAME", "EC_CACHE_KEY", "EncoderCacheWriter"]
 

@@ -8,13 +8,13 @@ import re
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from app.deps import RuntimeDep
-from app.errors import InvalidImage, ServiceError, UnsupportedParameter
-from app.images import is_url
-from app.openapi import ERROR_RESPONSES
-from app.responses import JSONBytesResponse, l2_normalised_mean
-from app.scheduler import ItemInput
-from schemas.embeddings import EmbeddingsRequest, EmbeddingsResponse, ModelCard, ModelList
+from mmencode.app.deps import RuntimeDep
+from mmencode.app.errors import InvalidImage, ServiceError, UnsupportedParameter
+from mmencode.app.images import is_url
+from mmencode.app.openapi import ERROR_RESPONSES
+from mmencode.app.responses import JSONBytesResponse, l2_normalised_mean
+from mmencode.app.scheduler import ItemInput
+from mmencode.schemas.embeddings import EmbeddingsRequest, EmbeddingsResponse, ModelCard, ModelList
 
 router = APIRouter(tags=["openai"])
 

@@ -10,13 +10,13 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
-from app.deps import RuntimeDep
-from app.errors import PayloadTooLarge, ServiceError, validation_error
-from app.openapi import ERROR_RESPONSES, request_body
-from app.responses import JSONBytesResponse
-from app.scheduler import ItemInput, ItemResult
-from app.wire.encodings import embedding_payload
-from schemas.encode import EncodeOptions, EncodeRequest, EncodeResponse
+from mmencode.app.deps import RuntimeDep
+from mmencode.app.errors import PayloadTooLarge, ServiceError, validation_error
+from mmencode.app.openapi import ERROR_RESPONSES, request_body
+from mmencode.app.responses import JSONBytesResponse
+from mmencode.app.scheduler import ItemInput, ItemResult
+from mmencode.app.wire.encodings import embedding_payload
+from mmencode.schemas.encode import EncodeOptions, EncodeRequest, EncodeResponse
 
 router = APIRouter(tags=["encode"])
 

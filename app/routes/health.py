@@ -8,9 +8,9 @@ from fastapi import APIRouter
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import Response
 
-from app.deps import RuntimeDep
-from app.errors import NotReady
-from app.openapi import ERROR_RESPONSES
+from mmencode.app.deps import RuntimeDep
+from mmencode.app.errors import NotReady
+from mmencode.app.openapi import ERROR_RESPONSES
 
 router = APIRouter(tags=["probes"])
 

@@ -15,10 +15,10 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
-from app.deps import RuntimeDep
-from app.errors import ServiceError, validation_error
-from app.responses import JSONBytesResponse
-from schemas.sglang import SGLANG_VERSION, SGLangEncodeRequest, SGLangReceiveUrlRequest
+from mmencode.app.deps import RuntimeDep
+from mmencode.app.errors import ServiceError, validation_error
+from mmencode.app.responses import JSONBytesResponse
+from mmencode.schemas.sglang import SGLANG_VERSION, SGLangEncodeRequest, SGLangReceiveUrlRequest
 
 router = APIRouter(tags=["sglang"], include_in_schema=False)
 

@@ -97,7 +97,7 @@ def _build_weights_fallback(directory: Path) -> None:
 def _build_weights(directory: Path) -> str:
     sys.path.insert(0, str(REPO_ROOT))
     try:
-        from models.tiny import build_tiny
+        from mmencode.models.tiny import build_tiny
     except ImportError as exc:  # not the project's venv (e.g. transformers 4.x)
         print(f"models.tiny not importable here ({exc}); using the built-in copy of the CLIP builder", file=sys.stderr)
         _build_weights_fallback(directory)

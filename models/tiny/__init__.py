@@ -18,12 +18,12 @@ import torch
 from transformers import PreTrainedModel
 from transformers.utils import logging as hf_logging
 
-from models.tiny.common import Layout, ProcessorLayout, TinyProcessor, fill_deterministic
-from models.tiny.internvl import internvl, internvl_chat, to_opengvlab_layout
-from models.tiny.llava import gemma3, idefics3, llava_next, llava_onevision, mistral3, smolvlm
-from models.tiny.qwen import glm4v, qwen2_vl, qwen3_5, qwen3_vl
-from models.tiny.step3_kimi import kimi_k25, step3p7
-from models.tiny.towers import clip, siglip
+from mmencode.models.tiny.common import Layout, ProcessorLayout, TinyProcessor, fill_deterministic
+from mmencode.models.tiny.internvl import internvl, internvl_chat, to_opengvlab_layout
+from mmencode.models.tiny.llava import gemma3, idefics3, llava_next, llava_onevision, mistral3, smolvlm
+from mmencode.models.tiny.qwen import glm4v, qwen2_vl, qwen3_5, qwen3_vl
+from mmencode.models.tiny.step3_kimi import kimi_k25, step3p7
+from mmencode.models.tiny.towers import clip, siglip
 
 __all__ = ["FAMILIES", "Layout", "ProcessorLayout", "TinyProcessor", "build_tiny", "fill_deterministic"]
 

@@ -16,7 +16,7 @@ from transformers import (
     Qwen2Config,
 )
 
-from models.tiny.common import IMAGENET_MEAN, IMAGENET_STD, TEXT_CONFIG, Layout, TinyProcessor
+from mmencode.models.tiny.common import IMAGENET_MEAN, IMAGENET_STD, TEXT_CONFIG, Layout, TinyProcessor
 
 
 def internvl(layout: Layout, _: int, *, qkv_bias: bool = False) -> tuple[PreTrainedModel, TinyProcessor]:
@@ -54,7 +54,7 @@ def internvl_chat(layout: Layout, merge: int) -> tuple[PreTrainedModel, TinyProc
 
 def to_opengvlab_layout(directory: Path) -> None:
     """Rewrite a transformers InternVL save into the layout of OpenGVLab's InternVL2/2.5/3 repos."""
-    from models.internvl import opengvlab_key
+    from mmencode.models.internvl import opengvlab_key
 
     tensors = load_file(str(directory / "model.safetensors"))
     fused: dict[str, dict[int, torch.Tensor]] = {}

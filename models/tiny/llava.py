@@ -27,7 +27,7 @@ from transformers import (
     SmolVLMImageProcessorPil,
 )
 
-from models.tiny.common import CLIP_MEAN, CLIP_STD, TEXT_CONFIG, Layout, TinyProcessor
+from mmencode.models.tiny.common import CLIP_MEAN, CLIP_STD, TEXT_CONFIG, Layout, TinyProcessor
 
 
 def gemma3(layout: Layout, _: int) -> tuple[PreTrainedModel, TinyProcessor]:

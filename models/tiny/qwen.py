@@ -20,7 +20,7 @@ from transformers import (
 )
 from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
 
-from models.tiny.common import QWEN3_TOKENS, TEXT_CONFIG, Layout, TinyProcessor
+from mmencode.models.tiny.common import QWEN3_TOKENS, TEXT_CONFIG, Layout, TinyProcessor
 
 
 def qwen2_vl(layout: Layout, processor_merge_size: int) -> tuple[PreTrainedModel, TinyProcessor]:

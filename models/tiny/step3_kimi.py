@@ -19,7 +19,7 @@ from transformers import (
     Step3p7ForConditionalGeneration,
 )
 
-from models.tiny.common import CLIP_MEAN, CLIP_STD, Layout, TinyProcessor
+from mmencode.models.tiny.common import CLIP_MEAN, CLIP_STD, Layout, TinyProcessor
 
 __all__ = ["KIMI_PROCESSOR", "STEP3_PROCESSOR", "kimi_k25", "step3p7"]
 

@@ -18,7 +18,7 @@ from transformers import (
     SiglipVisionModel,
 )
 
-from models.tiny.common import CLIP_MEAN, CLIP_STD, Layout, TinyProcessor
+from mmencode.models.tiny.common import CLIP_MEAN, CLIP_STD, Layout, TinyProcessor
 
 
 def siglip(layout: Layout, _: int) -> tuple[PreTrainedModel, TinyProcessor]:

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from models.tiny import build_tiny
+from mmencode.models.tiny import build_tiny
 from tests.helpers import free_port
 
 
 def _serve(model: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "MMENCODE_CACHE_DIR": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, "-m", "app.cli", "serve", "--model", model, "--port", str(free_port())]
+    command = [sys.executable, "-m", "mmencode", "serve", "--model", model, "--port", str(free_port())]
     # The timeout is the assertion that it exits by itself: a hanging server fails the test.
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=90)
 

@@ -17,7 +17,7 @@ def test_serve_with_no_arguments_serves_the_embedded_model(tmp_path: Path) -> No
     port = free_port()
     env = {**os.environ, "MMENCODE_PORT": str(port), "MMENCODE_CACHE_DIR": str(tmp_path), "HF_HUB_OFFLINE": "1"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "serve"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        [sys.executable, "-m", "mmencode", "serve"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
     try:
         wait_ready(f"http://127.0.0.1:{port}", timeout=120)
@@ -41,7 +41,7 @@ def test_serve_with_no_arguments_serves_the_embedded_model(tmp_path: Path) -> No
 
 def test_help_lists_every_option_with_its_environment_variable() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "app.cli", "serve", "--help"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "mmencode", "serve", "--help"], capture_output=True, text=True, check=True
     )
     for flag, env in [
         ("--max-queue", "MMENCODE_MAX_QUEUE"),

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from app.config import Settings, unknown_environment
+from mmencode.app.config import Settings, unknown_environment
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "app.cli", *args],
+        [sys.executable, "-m", "mmencode", *args],
         capture_output=True, text=True, timeout=90, env={**os.environ, **(env or {})},
     )  # fmt: skip
 

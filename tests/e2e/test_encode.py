@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from models import load_encoder
-from schemas.encode import EncodeResponse
+from mmencode.models import load_encoder
+from mmencode.schemas.encode import EncodeResponse
 from tests.helpers import LiveServer, assert_error, data_uri, image_bytes, noise_image, precomputed, rows_of
 
 IMAGE_A = noise_image(120, 90, seed=11)

@@ -34,8 +34,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from app.errors import ImageFetchFailed
-from app.runtime import Runtime
+from mmencode.app.errors import ImageFetchFailed
+from mmencode.app.runtime import Runtime
 from tests.helpers import LiveServer, data_uri, live_server, noise_image
 
 MAX_EXAMPLES = 40

@@ -24,7 +24,7 @@ import torch
 from PIL import Image, PngImagePlugin
 from prometheus_client.parser import text_string_to_metric_families
 
-from models import load_encoder
+from mmencode.models import load_encoder
 from tests.helpers import LiveServer, assert_error, image_bytes, live_server, noise_image, precomputed, rows_of
 
 WIDTH = 64  # the tiny Qwen2-VL's row width (after the merger)

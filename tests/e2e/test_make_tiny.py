@@ -25,7 +25,7 @@ def test_the_image_runs_as_the_uid_these_tests_read_as() -> None:
 
 def _make_tiny(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "app.cli", "make-tiny", *args], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "mmencode", "make-tiny", *args], capture_output=True, text=True, timeout=120
     )
 
 

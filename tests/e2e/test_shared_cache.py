@@ -14,7 +14,7 @@ import pytest
 import redis
 import torch
 
-from app.cache.shared import decode_value
+from mmencode.app.cache.shared import decode_value
 from tests.helpers import LiveServer, assert_error, data_uri, live_server, noise_image, rows_of
 from tests.services import RedisServer, require_binary
 

@@ -27,7 +27,7 @@ def test_serve_speaks_tls_with_the_given_certificate(tmp_path: Path, checkpoints
     port = free_port()
     env = {**os.environ, "MMENCODE_CACHE_DIR": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
     command = [
-        sys.executable, "-m", "app.cli", "serve", "--model", str(checkpoints["clip"]), "--port", str(port),
+        sys.executable, "-m", "mmencode", "serve", "--model", str(checkpoints["clip"]), "--port", str(port),
         "--ssl-certfile", str(certfile), "--ssl-keyfile", str(keyfile),
     ]  # fmt: skip
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

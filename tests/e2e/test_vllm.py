@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import torch
 
-from app.integrations.vllm import EC_CACHE_FILENAME
-from models import load_encoder
+from mmencode.app.integrations.vllm import EC_CACHE_FILENAME
+from mmencode.models import load_encoder
 from tests.helpers import LiveServer, assert_error, data_uri, live_server, noise_image, rows_of
 from tests.peers.run import vllm_decode, vllm_ec_consume
 

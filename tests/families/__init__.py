@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from models.catalog import TORCHVISION_MODEL_TYPES
-from models.optional import torchvision_problem
+from mmencode.models.catalog import TORCHVISION_MODEL_TYPES
+from mmencode.models.optional import torchvision_problem
 from tests.families import internvl, llava, qwen, step3_kimi
 from tests.families.common import FamilySpec, bare_processor, tiny_tokenizer
 from tests.families.internvl import opengvlab_to_transformers

@@ -16,7 +16,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from models import EncoderAdapter
+from mmencode.models import EncoderAdapter
 
 __all__ = ["FamilySpec", "bare_processor", "edit_processor", "tiny_tokenizer"]
 

@@ -15,7 +15,7 @@ from transformers import (
     InternVLProcessor,
 )
 
-from models import EncoderAdapter
+from mmencode.models import EncoderAdapter
 from tests.families.common import FamilySpec, bare_processor
 
 # ----- InternVL, OpenGVLab layout -----

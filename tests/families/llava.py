@@ -22,7 +22,7 @@ from transformers import (
     SmolVLMProcessor,
 )
 
-from models import EncoderAdapter
+from mmencode.models import EncoderAdapter
 from tests.families.common import FamilySpec, bare_processor, edit_processor, tiny_tokenizer
 
 

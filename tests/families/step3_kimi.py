@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 from transformers import AutoImageProcessor, Kimi_K25ForConditionalGeneration, Step3p7ForConditionalGeneration
 
-from models import EncoderAdapter
+from mmencode.models import EncoderAdapter
 from tests.families.common import FamilySpec, edit_processor, tiny_tokenizer
 from tests.families.qwen import merge_size_four
 
