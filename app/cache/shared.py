@@ -161,13 +161,13 @@ class SharedCache:
         if stored_bytes > self.max_value_bytes:
             self.metrics.shared_cache_errors.labels("too_large").inc()
             return
-        if stored_bytes > _OFFLOAD_BYTES:
-            blob = await asyncio.to_thread(encode_value, value, self.store_dtype)
-        else:
-            blob = encode_value(value, self.store_dtype)
         try:
+            if stored_bytes > _OFFLOAD_BYTES:
+                blob = await asyncio.to_thread(encode_value, value, self.store_dtype)
+            else:
+                blob = encode_value(value, self.store_dtype)
             await self._client.set(self.key(content_hash), blob, ex=self.ttl_s or None)
-        except Exception as exc:
+        except Exception as exc:  # a background task: nothing may escape it unlogged
             self._failed("set", exc)
             return
         self._succeeded()
