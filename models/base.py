@@ -9,6 +9,7 @@ must carry so that its row count can be checked without the image.
 from __future__ import annotations
 
 import abc
+import reprlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,10 +137,37 @@ class EncoderAdapter(abc.ABC):
         return Image.new("RGB", (56, 56), (127, 64, 200))
 
     @staticmethod
-    def _positive_int(metadata: Mapping[str, Any], field: str) -> int:
-        if field not in metadata or metadata[field] is None:
-            raise MetadataError(field, "is required for precomputed items of this model", missing=True)
-        value = metadata[field]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise MetadataError(field, f"must be a positive integer, got {value!r}", missing=False)
+    def _int_field(metadata: Mapping[str, Any], field: str, minimum: int = 1) -> int:
+        """``metadata[field]``, an integer of at least ``minimum`` (1, or 0 for a count that may be empty)."""
+        value = _required(metadata, field)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise MetadataError(field, f"must be a {_KIND[minimum]} integer, got {value!r}", missing=False)
         return value
+
+    @staticmethod
+    def _int_list(metadata: Mapping[str, Any], field: str, names: Sequence[str], minimum: int = 1) -> list[int]:
+        """``metadata[field]``, a list like ``[t, h, w]`` (``names``) of integers of at least ``minimum``."""
+        value = _required(metadata, field)
+        if (
+            not isinstance(value, list)
+            or len(value) != len(names)
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= minimum for v in value)
+        ):
+            count = _COUNT[len(names)]
+            raise MetadataError(
+                field,
+                f"must be {count} {_KIND[minimum]} integers [{', '.join(names)}], got {reprlib.repr(value)}",
+                missing=False,
+            )
+        return value
+
+
+_KIND = {0: "non-negative", 1: "positive"}
+_COUNT = {2: "two", 3: "three"}
+
+
+def _required(metadata: Mapping[str, Any], field: str) -> Any:
+    value = metadata.get(field)
+    if value is None:
+        raise MetadataError(field, "is required for precomputed items of this model", missing=True)
+    return value

@@ -11,7 +11,6 @@ without a grid); ``crop_grid`` ``[rows, cols]`` is the metadata a precomputed it
 
 from __future__ import annotations
 
-import reprlib
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -22,7 +21,6 @@ from transformers.models.idefics3.modeling_idefics3 import Idefics3Connector, Id
 from transformers.models.smolvlm.modeling_smolvlm import SmolVLMConnector, SmolVLMVisionTransformer
 
 from mmencode.models.base import EncoderAdapter, EncoderOutput, PreparedImage
-from mmencode.models.errors import MetadataError
 
 _GRID = "crop_grid"
 
@@ -90,17 +88,7 @@ class Idefics3Adapter(EncoderAdapter):
         )
 
     def tokens_from_metadata(self, metadata: Mapping[str, Any]) -> int:
-        grid = metadata.get(_GRID)
-        if grid is None:
-            raise MetadataError(_GRID, "is required for precomputed items of this model", missing=True)
-        if (
-            not isinstance(grid, list)
-            or len(grid) != 2
-            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in grid)
-        ):
-            raise MetadataError(
-                _GRID, f"must be two non-negative integers [rows, cols], got {reprlib.repr(grid)}", missing=False
-            )
+        grid = self._int_list(metadata, _GRID, ("rows", "cols"), minimum=0)
         return _views(*grid) * self.rows_per_view
 
     def _forward(self, batch: dict[str, torch.Tensor], items: Sequence[PreparedImage]) -> EncoderOutput:

@@ -90,7 +90,7 @@ class InternVLAdapter(EncoderAdapter):
         )
 
     def tokens_from_metadata(self, metadata: Mapping[str, Any]) -> int:
-        return self._positive_int(metadata, "num_patches") * self.rows_per_tile
+        return self._int_field(metadata, "num_patches") * self.rows_per_tile
 
     def _forward(self, batch: dict[str, torch.Tensor], items: Sequence[PreparedImage]) -> EncoderOutput:
         tiles = self.module(batch["pixel_values"])

@@ -17,7 +17,6 @@ only each image's base tile, a prompt-level choice an encoder service cannot see
 from __future__ import annotations
 
 import math
-import reprlib
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -31,7 +30,6 @@ from transformers.models.llava_onevision.modeling_llava_onevision import (
 )
 
 from mmencode.models.base import EncoderAdapter, EncoderOutput, PreparedImage
-from mmencode.models.errors import MetadataError
 from mmencode.models.weights import transformers4_layout
 
 _SIZES = "image_sizes"
@@ -128,18 +126,7 @@ class LlavaOnevisionAdapter(EncoderAdapter):
         )
 
     def tokens_from_metadata(self, metadata: Mapping[str, Any]) -> int:
-        sizes = metadata.get(_SIZES)
-        if sizes is None:
-            raise MetadataError(_SIZES, "is required for precomputed items of this model", missing=True)
-        if (
-            not isinstance(sizes, list)
-            or len(sizes) != 2
-            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes)
-        ):
-            raise MetadataError(
-                _SIZES, f"must be two positive integers [height, width], got {reprlib.repr(sizes)}", missing=False
-            )
-        return self.count_rows(*sizes)
+        return self.count_rows(*self._int_list(metadata, _SIZES, ("height", "width")))
 
     def _forward(self, batch: dict[str, torch.Tensor], items: Sequence[PreparedImage]) -> EncoderOutput:
         tiles = [int(item.tensors["pixel_values"].shape[0]) for item in items]

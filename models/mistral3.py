@@ -11,7 +11,6 @@ size, as the processor reports it and vLLM passes it) is the metadata a precompu
 
 from __future__ import annotations
 
-import reprlib
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -21,7 +20,6 @@ from transformers import AutoModel, Mistral3Config, PixtralImageProcessorPil
 from transformers.models.mistral3.modeling_mistral3 import Mistral3MultiModalProjector
 
 from mmencode.models.base import EncoderAdapter, EncoderOutput, PreparedImage
-from mmencode.models.errors import MetadataError
 
 _SIZES = "image_sizes"
 
@@ -78,18 +76,7 @@ class Mistral3Adapter(EncoderAdapter):
         )
 
     def tokens_from_metadata(self, metadata: Mapping[str, Any]) -> int:
-        sizes = metadata.get(_SIZES)
-        if sizes is None:
-            raise MetadataError(_SIZES, "is required for precomputed items of this model", missing=True)
-        if (
-            not isinstance(sizes, list)
-            or len(sizes) != 2
-            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes)
-        ):
-            raise MetadataError(
-                _SIZES, f"must be two positive integers [height, width], got {reprlib.repr(sizes)}", missing=False
-            )
-        return self._rows(*sizes)
+        return self._rows(*self._int_list(metadata, _SIZES, ("height", "width")))
 
     def collate(self, items: Sequence[PreparedImage]) -> dict[str, torch.Tensor]:
         # Images keep their own sizes: pad to the largest, as the processor pads a batch; the tower

@@ -51,17 +51,7 @@ class Qwen2VLAdapter(EncoderAdapter):
 
     def tokens_from_metadata(self, metadata: Mapping[str, Any]) -> int:
         field = "image_grid_thw"
-        if metadata.get(field) is None:
-            raise MetadataError(field, "is required for precomputed items of this model", missing=True)
-        grid = metadata[field]
-        if (
-            not isinstance(grid, list)
-            or len(grid) != 3
-            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in grid)
-        ):
-            raise MetadataError(
-                field, f"must be three positive integers [t, h, w], got {reprlib.repr(grid)}", missing=False
-            )
+        grid = self._int_list(metadata, field, ("t", "h", "w"))
         if (grid[1] % self.merge_size) or (grid[2] % self.merge_size):
             raise MetadataError(
                 field,

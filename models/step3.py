@@ -29,7 +29,6 @@ from transformers import Step3p7Config
 from transformers.models.step3p7.modeling_step3p7 import Step3p7VisionModel
 
 from mmencode.models.base import EncoderAdapter, EncoderOutput, PreparedImage
-from mmencode.models.errors import MetadataError
 from mmencode.models.optional import require_torchvision
 from mmencode.models.processor_config import ProcessorConfig
 from mmencode.models.weights import KeyMap, rotary_halves
@@ -148,14 +147,9 @@ class Step3Adapter(EncoderAdapter):
         )
 
     def tokens_from_metadata(self, metadata: Mapping[str, Any]) -> int:
-        field = "num_patches"
-        value = metadata.get(field)
-        if value is None:
-            raise MetadataError(field, "is required for precomputed items of this model", missing=True)
         # 0 is valid: an image that fits the global view has no local crops.
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise MetadataError(field, f"must be a non-negative integer, got {value!r}", missing=False)
-        return value * self.rows_per_crop + self.rows_per_global
+        crops = self._int_field(metadata, "num_patches", minimum=0)
+        return crops * self.rows_per_crop + self.rows_per_global
 
     def _forward(self, batch: dict[str, torch.Tensor], items: Sequence[PreparedImage]) -> EncoderOutput:
         global_rows = self.module(batch["pixel_values"])
