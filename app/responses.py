@@ -10,9 +10,7 @@ import orjson
 import torch
 from starlette.responses import Response
 
-from mmencode.app.wire.encodings import embedding_payload
-
-__all__ = ["JSONBytesResponse", "dumps_json", "embedding_payload", "l2_normalised_mean"]
+__all__ = ["JSONBytesResponse", "dumps_json", "l2_normalised_mean"]
 
 
 def dumps_json(content: Any) -> bytes:

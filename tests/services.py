@@ -10,6 +10,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -37,8 +38,6 @@ def require_binary(name: str, package: str) -> str:
 
 
 def wait_port(port: int, timeout: float = 10.0) -> None:
-    import socket
-
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -105,9 +104,8 @@ def test_haproxy_accepts_the_shipped_files() -> None:
 
 # ----- Kubernetes -----
 def _render(directory: Path) -> list[dict[str, Any]]:
-    if shutil.which("kubectl") is None:
-        require_binary("kubectl", "kubernetes-client")
-    rendered = subprocess.run(["kubectl", "kustomize", str(directory)], capture_output=True, text=True, check=True)
+    kubectl = require_binary("kubectl", "kubernetes-client")
+    rendered = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True, check=True)
     return [doc for doc in yaml.safe_load_all(rendered.stdout) if doc]
 
 

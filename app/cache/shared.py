@@ -157,7 +157,7 @@ class SharedCache:
         task.add_done_callback(self._writes.discard)
 
     async def _write(self, content_hash: str, value: CachedEmbedding) -> None:
-        stored_bytes = value.rows.numel() * _itemsize(self.store_dtype)
+        stored_bytes = value.rows.numel() * self.store_dtype.itemsize
         if stored_bytes > self.max_value_bytes:
             self.metrics.shared_cache_errors.labels("too_large").inc()
             return
@@ -206,10 +206,6 @@ class SharedCache:
         if self._failing:
             self._failing = False
             logger.info("shared cache %s is answering again", self.location)
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
 
 
 def _redacted(url: str) -> str:
