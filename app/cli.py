@@ -47,7 +47,7 @@ def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
         flag = "--" + name.replace("_", "-")
         kwargs: dict[str, Any] = {"dest": name, "default": None, "help": _flag_help(name, info)}
         annotation = info.annotation
-        if annotation is bool:
+        if annotation is bool or annotation == bool | None:
             kwargs["action"] = argparse.BooleanOptionalAction
         elif typing.get_origin(annotation) is list:
             kwargs["type"] = lambda text: [part.strip() for part in text.split(",") if part.strip()]

@@ -67,6 +67,11 @@ class Settings(BaseSettings):
     preprocess_workers: int = Field(
         default_factory=lambda: max(1, os.cpu_count() or 1), ge=1, description="Threads decoding images; default: CPUs."
     )
+    exclusive_forward: bool | None = Field(
+        default=None,
+        description="Give each encoder forward the CPU to itself: decoding and preprocessing wait while it runs. "
+        "Unset: on when the model runs on the CPU (both would oversubscribe the same cores), off on CUDA.",
+    )
 
     # --- cache ---
     # Sizes: bytes, or with a unit (512MiB, 1GiB, 500MB); pydantic's ByteSize parses them.

@@ -11,12 +11,12 @@ import enum
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
 from mmencode.app.cache import LRUEmbeddingCache, SharedCache, TieredCache
+from mmencode.app.compute_gate import ComputeGate, GatedThreadPool
 from mmencode.app.config import Settings
 from mmencode.app.errors import ModelNotFound, NotReady
 from mmencode.app.fetch import ImageFetcher
@@ -34,6 +34,7 @@ __all__ = [
     "Runtime",
     "batch_token_budget",
     "default_model_dir",
+    "exclusive_forward_on",
     "resolve_device",
     "resolve_dtype",
 ]
@@ -73,6 +74,13 @@ def batch_token_budget(configured: int | None, device: torch.device) -> int:
     return 16384 if device.type == "cuda" else 512
 
 
+def exclusive_forward_on(configured: bool | None, device: torch.device) -> bool:
+    """Whether forwards take the CPU for themselves (app/compute_gate.py): by default, on the CPU only."""
+    if configured is not None:
+        return configured
+    return device.type == "cpu"
+
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -95,7 +103,11 @@ class Runtime:
         self.adapter: EncoderAdapter | None = None
         self.worker: EncoderWorker | None = None
         self._scheduler: Scheduler | None = None
-        self._pool = ThreadPoolExecutor(max_workers=settings.preprocess_workers, thread_name_prefix="mmencode-pre")
+        # Closed (exclusive forwards) once the model is on the CPU; see exclusive_forward_on.
+        self.compute_gate = ComputeGate(enabled=False)
+        self._pool = GatedThreadPool(
+            self.compute_gate, max_workers=settings.preprocess_workers, thread_name_prefix="mmencode-pre"
+        )
         self.fetcher = ImageFetcher(
             timeout=settings.url_fetch_timeout,
             max_redirects=settings.url_max_redirects,
@@ -133,6 +145,7 @@ class Runtime:
         logger.info("loading the model from %s; /health answers now, /ready once it is loaded", self.model_dir)
         try:
             adapter = await asyncio.to_thread(self._load)
+            self.compute_gate.enabled = exclusive_forward_on(self.settings.exclusive_forward, adapter.device)
             worker = EncoderWorker(
                 adapter,
                 max_batch_tokens=batch_token_budget(self.settings.max_batch_tokens, adapter.device),
@@ -140,6 +153,7 @@ class Runtime:
                 batch_wait_s=self.settings.batch_wait_ms / 1000,
                 max_queue=self.settings.max_queue,
                 metrics=self.metrics,
+                gate=self.compute_gate,
             )
             await asyncio.to_thread(worker.warmup)
             worker.start()

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from mmencode.app.compute_gate import ComputeGate
 from mmencode.app.metrics import Metrics
 from mmencode.models import EncoderAdapter, EncoderOutput, PreparedImage
 
@@ -73,9 +74,12 @@ class EncoderWorker:
         batch_wait_s: float,
         max_queue: int,
         metrics: Metrics | None = None,
+        gate: ComputeGate | None = None,
     ) -> None:
         self.adapter = adapter
         self.metrics = metrics or Metrics()
+        # Held exclusively around each forward: on a CPU device, preprocessing waits meanwhile.
+        self.gate = gate or ComputeGate(enabled=False)
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_items = max_batch_items
         self.batch_wait_s = batch_wait_s
@@ -230,9 +234,10 @@ class EncoderWorker:
         return outcomes
 
     def _forward(self, items: Sequence[PreparedImage]) -> EncoderOutput:
-        started = time.perf_counter()
-        output = self.adapter.forward(items)
-        self.metrics.encoder_seconds.observe(time.perf_counter() - started)
+        with self.gate.exclusive():
+            started = time.perf_counter()
+            output = self.adapter.forward(items)
+            self.metrics.encoder_seconds.observe(time.perf_counter() - started)
         self.metrics.batch_items.observe(len(items))
         self.metrics.batch_tokens.observe(int(output.rows.shape[0]))
         return output

@@ -4,7 +4,7 @@
 
 Phases (``--phases``): ``bare`` decodes, preprocesses and encodes in this process at each batch size
 and keeps the best; ``service`` drives ``mmencode serve`` (a subprocess on loopback, cache off) with
-an async httpx load generator; ``nobatch`` does the same with ``--max-batch-items 1``; ``cache``
+an async httpx load generator; ``overlap`` the same with ``--no-exclusive-forward``; ``nobatch`` does the same with ``--max-batch-items 1``; ``cache``
 compares a miss with a hit of the same image. Bounded by the request count; loopback only.
 """
 
@@ -21,21 +21,22 @@ import httpx
 import torch
 
 from bench.checkpoints import build_checkpoint
-from bench.common import bucket_distribution, data_uri, drive, histogram, jpeg_images, percentile, service
+from bench.common import bucket_distribution, data_uri, drive, encoded_images, histogram, percentile, service
 from mmencode.app.images import decode_image
 from mmencode.app.runtime import resolve_device
 from mmencode.models import load_encoder
 
 
-def bare_pipeline(checkpoint: Path, jpegs: list[bytes], batch_sizes: list[int], dtype: torch.dtype) -> dict[str, Any]:
+def bare_pipeline(checkpoint: Path, images: list[bytes], batch_sizes: list[int], dtype: torch.dtype) -> dict[str, Any]:
+    """Decode, preprocess and encode in this process, one batch after another: the service's ceiling."""
     adapter = load_encoder(checkpoint, device=resolve_device(None), dtype=dtype)
-    adapter.forward([adapter.preprocess(decode_image(jpegs[0], max_pixels=10**9))])  # warm-up
+    adapter.forward([adapter.preprocess(decode_image(images[0], max_pixels=10**9))])  # warm-up
     per_batch: dict[int, float] = {}
     for size in batch_sizes:
-        count = max(size, len(jpegs) // size * size)
+        count = max(size, len(images) // size * size)
         started = time.perf_counter()
         for start in range(0, count, size):
-            chunk = [jpegs[i % len(jpegs)] for i in range(start, start + size)]
+            chunk = [images[i % len(images)] for i in range(start, start + size)]
             adapter.forward([adapter.preprocess(decode_image(j, max_pixels=10**9)) for j in chunk])
         per_batch[size] = count / (time.perf_counter() - started)
     best = max(per_batch, key=lambda size: per_batch[size])
@@ -46,8 +47,8 @@ def bare_pipeline(checkpoint: Path, jpegs: list[bytes], batch_sizes: list[int], 
     }
 
 
-def service_load(checkpoint: Path, jpegs: list[bytes], concurrency: int, *args: str) -> dict[str, Any]:
-    bodies = [{"items": [{"image": data_uri(jpeg)}]} for jpeg in jpegs]
+def service_load(checkpoint: Path, uris: list[str], concurrency: int, *args: str) -> dict[str, Any]:
+    bodies = [{"items": [{"image": uri}]} for uri in uris]
     options = ("--cache-bytes", "0", "--max-queue", "100000", "--request-timeout", "600", "--log-level", "warning")
     with service(checkpoint, *options, *args) as url:
         asyncio.run(drive(url, "/v1/encode", bodies[: min(8, len(bodies))], min(4, concurrency)))  # warm-up
@@ -61,12 +62,12 @@ def service_load(checkpoint: Path, jpegs: list[bytes], concurrency: int, *args: 
     return summary
 
 
-def cache_latency(checkpoint: Path, jpegs: list[bytes], count: int) -> dict[str, Any]:
+def cache_latency(checkpoint: Path, uris: list[str], count: int) -> dict[str, Any]:
     misses, hits = [], []
     with service(checkpoint, "--log-level", "warning") as url, httpx.Client(base_url=url, timeout=600) as client:
-        client.post("/v1/encode", json={"items": [{"image": data_uri(jpegs[-1])}]})  # warm-up
-        for jpeg in jpegs[:count]:
-            body = {"items": [{"image": data_uri(jpeg)}]}
+        client.post("/v1/encode", json={"items": [{"image": uris[-1]}]})  # warm-up
+        for uri in uris[:count]:
+            body = {"items": [{"image": uri}]}
             for bucket, source in ((misses, "encoder"), (hits, "cache")):
                 started = time.perf_counter()
                 response = client.post("/v1/encode", json=body)
@@ -82,7 +83,8 @@ def main() -> None:
     parser.add_argument("--root", type=Path, default=Path(".cache/bench"), help="where bench checkpoints are built")
     parser.add_argument("--requests", type=int, default=160, help="requests per service phase (one image each)")
     parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--image-size", default="320x240", help="WxH of the generated JPEGs")
+    parser.add_argument("--image-size", default="320x240", help="WxH of the generated images")
+    parser.add_argument("--image-format", default="jpeg", choices=["jpeg", "png"])
     parser.add_argument("--batch-sizes", default="1,2,4,8,16,32")
     parser.add_argument("--phases", default="bare,service,nobatch,cache")
     parser.add_argument("--out", type=Path, help="also write the results as JSON here")
@@ -90,27 +92,33 @@ def main() -> None:
 
     checkpoint = build_checkpoint(args.checkpoint, args.root) if "/" not in args.checkpoint else Path(args.checkpoint)
     width, height = (int(v) for v in args.image_size.split("x"))
-    jpegs = jpeg_images(args.requests, width, height)
+    images = encoded_images(args.requests, width, height, image_format=args.image_format)
+    uris = [data_uri(image, f"image/{args.image_format}") for image in images]
     phases = set(args.phases.split(","))
     results: dict[str, Any] = {
         "checkpoint": str(checkpoint),
         "requests": args.requests,
         "concurrency": args.concurrency,
         "image_size": args.image_size,
+        "image_format": args.image_format,
         "torch_threads": torch.get_num_threads(),
     }
     if "bare" in phases:
         sizes = [int(v) for v in args.batch_sizes.split(",")]
-        results["bare"] = bare_pipeline(checkpoint, jpegs[: max(sizes) * 2], sizes, torch.float32)
+        results["bare"] = bare_pipeline(checkpoint, images[: max(sizes) * 2], sizes, torch.float32)
         print("bare", json.dumps(results["bare"]), flush=True)
     if "service" in phases:
-        results["service"] = service_load(checkpoint, jpegs, args.concurrency)
+        results["service"] = service_load(checkpoint, uris, args.concurrency)
         print("service", json.dumps(results["service"]), flush=True)
+    if "overlap" in phases:
+        # Preprocessing and the forward on the same cores at once: what the service did before the gate.
+        results["service_overlap"] = service_load(checkpoint, uris, args.concurrency, "--no-exclusive-forward")
+        print("overlap", json.dumps(results["service_overlap"]), flush=True)
     if "nobatch" in phases:
-        results["service_no_batching"] = service_load(checkpoint, jpegs, args.concurrency, "--max-batch-items", "1")
+        results["service_no_batching"] = service_load(checkpoint, uris, args.concurrency, "--max-batch-items", "1")
         print("nobatch", json.dumps(results["service_no_batching"]), flush=True)
     if "cache" in phases:
-        results["cache"] = cache_latency(checkpoint, jpegs, min(20, len(jpegs)))
+        results["cache"] = cache_latency(checkpoint, uris, min(20, len(uris)))
         print("cache", json.dumps(results["cache"]), flush=True)
     if "bare" in results and "service" in results:
         results["service_over_bare"] = round(results["service"]["images_per_s"] / results["bare"]["images_per_s"], 3)

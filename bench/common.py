@@ -27,20 +27,26 @@ from PIL import Image
 
 def jpeg_images(count: int, width: int, height: int, seed: int = 0) -> list[bytes]:
     """Distinct JPEGs with some structure (gradients plus noise), like photos compress."""
+    return encoded_images(count, width, height, seed, image_format="jpeg")
+
+
+def encoded_images(count: int, width: int, height: int, seed: int = 0, image_format: str = "jpeg") -> list[bytes]:
+    """Distinct ``jpeg`` or ``png`` files with some structure (gradients plus noise)."""
     rng = np.random.default_rng(seed)
     out = []
     y, x = np.mgrid[0:height, 0:width]
+    options = {"quality": 90} if image_format == "jpeg" else {}
     for _ in range(count):
         base = (np.sin(x / rng.uniform(5, 40)) + np.cos(y / rng.uniform(5, 40))) * 60 + 128
         pixels = np.stack([base + rng.normal(0, 20, base.shape) for _ in range(3)], axis=-1)
         buffer = io.BytesIO()
-        Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(buffer, "JPEG", quality=90)
+        Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(buffer, image_format.upper(), **options)
         out.append(buffer.getvalue())
     return out
 
 
-def data_uri(jpeg: bytes) -> str:
-    return "data:image/jpeg;base64," + base64.b64encode(jpeg).decode()
+def data_uri(image: bytes, mime: str = "image/jpeg") -> str:
+    return f"data:{mime};base64," + base64.b64encode(image).decode()
 
 
 def percentile(values: Sequence[float], q: float) -> float:
