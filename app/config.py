@@ -62,7 +62,9 @@ class Settings(BaseSettings):
     )
     max_batch_items: int = Field(default=64, ge=1, description="Images per encoder forward.")
     batch_wait_ms: float = Field(default=2.0, ge=0, le=1000, description="Longest wait to fill a batch.")
-    max_queue: int = Field(default=256, ge=1, description="Requests waiting for the encoder; past it: 503.")
+    max_queue: int = Field(
+        default=256, ge=1, description="Requests waiting for the encoder (being preprocessed or queued); past it: 503."
+    )
     request_timeout: float = Field(default=60.0, gt=0, description="Seconds before a request answers 504.")
     preprocess_workers: int = Field(
         default_factory=lambda: max(1, os.cpu_count() or 1), ge=1, description="Threads decoding images; default: CPUs."

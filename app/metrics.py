@@ -33,7 +33,9 @@ class Metrics:
         self.items = Counter(
             "mmencode_items", "Items answered, by where their embedding came from.", ["source"], registry=r
         )
-        self.queue_depth = Gauge("mmencode_queue_depth", "Requests waiting for the encoder.", registry=r)
+        self.queue_depth = Gauge(
+            "mmencode_queue_depth", "Requests waiting for the encoder: being preprocessed or queued.", registry=r
+        )
         self.batch_items = Histogram(
             "mmencode_batch_items", "Images per encoder forward.", buckets=_BATCH_ITEMS_BUCKETS, registry=r
         )

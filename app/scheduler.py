@@ -36,7 +36,7 @@ from mmencode.app.fetch import ImageFetcher
 from mmencode.app.images import decode_base64_image, decode_image, is_url
 from mmencode.app.metrics import Metrics
 from mmencode.app.precomputed import decode_precomputed
-from mmencode.app.worker import EncoderWorker, QueueFull, TokenDrift, WorkerStopped
+from mmencode.app.worker import EncoderWorker, QueueFull, Reservation, TokenDrift, WorkerStopped
 from mmencode.models import EncoderAdapter, MetadataError, PreparedImage
 from mmencode.schemas.encode import PrecomputedEmbedding
 
@@ -234,11 +234,13 @@ class Scheduler:
     async def _encode_pending(self, pending: list[_Pending]) -> list[ItemResult]:
         results: list[ItemResult] = []
         loop = asyncio.get_running_loop()
-        prepared = await _gather_in_order(
-            [p.index for p in pending],
-            [loop.run_in_executor(self.pool, self._prepare, p.data) for p in pending],
-        )
-        rows = await self._run_encoder(prepared, [p.index for p in pending])
+        # Admitted, or refused, before any decoding: an overloaded service spends no CPU on a 503.
+        with self._reserve() as reservation:
+            prepared = await _gather_in_order(
+                [p.index for p in pending],
+                [loop.run_in_executor(self.pool, self._prepare, p.data) for p in pending],
+            )
+            rows = await self._run_encoder(prepared, [p.index for p in pending], reservation)
         for entry, item, item_rows in zip(pending, prepared, rows, strict=True):
             self.cache.put(entry.hash, CachedEmbedding(item_rows, item.metadata))
             results.append(ItemResult(entry.index, "encoder", entry.hash, dict(item.metadata), item_rows))
@@ -271,15 +273,23 @@ class Scheduler:
         except ValueError as exc:  # e.g. Qwen2-VL refuses aspect ratios over 200
             raise InvalidImage(f"the model's image processor cannot take this image: {exc}") from None
 
-    async def _run_encoder(self, prepared: list[PreparedImage], indices: list[int]) -> list[torch.Tensor]:
+    def _reserve(self) -> Reservation:
         try:
-            return await self.worker.encode(prepared)
+            return self.worker.reserve()
         except QueueFull:
             raise Overloaded(
                 "the encoder queue is full; retry shortly",
                 details={"queue_depth": self.worker.queue_depth},
                 headers={"Retry-After": "1"},
             ) from None
+        except WorkerStopped:
+            raise NotReady("the encoder worker is not running") from None
+
+    async def _run_encoder(
+        self, prepared: list[PreparedImage], indices: list[int], reservation: Reservation
+    ) -> list[torch.Tensor]:
+        try:
+            return await self.worker.encode(prepared, reservation)
         except WorkerStopped:
             raise NotReady("the encoder worker is not running") from None
         except TokenDrift as drift:

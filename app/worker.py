@@ -23,7 +23,7 @@ from mmencode.app.compute_gate import ComputeGate
 from mmencode.app.metrics import Metrics
 from mmencode.models import EncoderAdapter, EncoderOutput, PreparedImage
 
-__all__ = ["EncoderWorker", "QueueFull", "TokenDrift", "WorkerStopped"]
+__all__ = ["EncoderWorker", "QueueFull", "Reservation", "TokenDrift", "WorkerStopped"]
 
 logger = logging.getLogger("mmencode.worker")
 
@@ -50,10 +50,34 @@ class TokenDrift(Exception):
         self.produced = produced
 
 
+class Reservation:
+    """A request's place in the encoder queue, held from before preprocessing until its forward begins.
+
+    Taken before any decoding, so an overloaded service refuses a request before spending CPU on it,
+    and so requests still being preprocessed count as waiting (on a CPU device they wait for the
+    forward's cores: app/compute_gate.py). Releasing twice is harmless.
+    """
+
+    def __init__(self, worker: EncoderWorker) -> None:
+        self._worker: EncoderWorker | None = worker
+
+    def release(self) -> None:
+        if self._worker is not None:
+            self._worker._unreserve()
+            self._worker = None
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+
 @dataclass(eq=False)
 class _Job:
     items: Sequence[PreparedImage]
     future: asyncio.Future[list[torch.Tensor]]
+    reservation: Reservation
     tokens: int = field(init=False)
     enqueued_at: float = field(default_factory=time.monotonic)
 
@@ -83,7 +107,12 @@ class EncoderWorker:
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_items = max_batch_items
         self.batch_wait_s = batch_wait_s
-        self._queue: asyncio.Queue[_Job] = asyncio.Queue(maxsize=max_queue)
+        self.max_queue = max_queue
+        # Unbounded: reservations (at most max_queue) bound what waits here.
+        self._queue: asyncio.Queue[_Job] = asyncio.Queue()
+        self._reserved = 0
+        self._unreserved = asyncio.Event()  # set while no reservation is held
+        self._unreserved.set()
         self._carry: _Job | None = None  # taken from the queue but over the budget of the last batch
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mmencode-encoder")
         self._task: asyncio.Task[None] | None = None
@@ -103,8 +132,8 @@ class EncoderWorker:
 
     @property
     def queue_depth(self) -> int:
-        """Requests waiting for a forward."""
-        return self._queue.qsize() + (self._carry is not None)
+        """Requests waiting for a forward: being preprocessed, or queued."""
+        return self._reserved
 
     @property
     def pending(self) -> int:
@@ -116,6 +145,7 @@ class EncoderWorker:
         if self.alive:
             try:
                 async with asyncio.timeout(grace_s):
+                    await self._unreserved.wait()  # requests still being preprocessed: their forwards are coming
                     await self._queue.join()
             except TimeoutError:
                 logger.warning("drain: %d requests still queued after %.0fs; failing them", self.queue_depth, grace_s)
@@ -126,15 +156,28 @@ class EncoderWorker:
         self._executor.shutdown(wait=True)
 
     # ----- API -----
-    async def encode(self, items: Sequence[PreparedImage]) -> list[torch.Tensor]:
-        """Rows for each item, in order. Raises QueueFull, WorkerStopped, TokenDrift or the model's error."""
+    def reserve(self) -> Reservation:
+        """A place in the queue for a request about to be preprocessed. Raises QueueFull or WorkerStopped."""
         if not self.alive:
             raise WorkerStopped("the encoder worker is not running")
-        job = _Job(items=items, future=asyncio.get_running_loop().create_future())
-        try:
-            self._queue.put_nowait(job)
-        except asyncio.QueueFull:
-            raise QueueFull from None
+        if self._reserved >= self.max_queue:
+            raise QueueFull
+        self._reserved += 1
+        self._unreserved.clear()
+        return Reservation(self)
+
+    async def encode(
+        self, items: Sequence[PreparedImage], reservation: Reservation | None = None
+    ) -> list[torch.Tensor]:
+        """Rows for each item, in order. Raises QueueFull, WorkerStopped, TokenDrift or the model's error.
+
+        Without a ``reservation`` (taken before preprocessing), one is taken now.
+        """
+        if not self.alive:
+            raise WorkerStopped("the encoder worker is not running")
+        reservation = reservation or self.reserve()
+        job = _Job(items=items, future=asyncio.get_running_loop().create_future(), reservation=reservation)
+        self._queue.put_nowait(job)
         self._pending += 1
         return await job.future
 
@@ -183,6 +226,8 @@ class EncoderWorker:
             batch.append(job)
             items += len(job.items)
             tokens += job.tokens
+        for job in batch:
+            job.reservation.release()  # out of the queue: its forward begins now
         # Requests that gave up while queued are dropped before any encoder work.
         live = [job for job in batch if not job.future.done()]
         for _ in range(len(batch) - len(live)):
@@ -191,6 +236,11 @@ class EncoderWorker:
         for job in live:
             self.metrics.queue_wait_seconds.observe(now - job.enqueued_at)
         return live
+
+    def _unreserve(self) -> None:
+        self._reserved -= 1
+        if not self._reserved:
+            self._unreserved.set()
 
     def _done(self) -> None:
         self._pending -= 1

@@ -135,3 +135,22 @@ async def test_abandoned_requests_never_reach_the_encoder(adapter: EncoderAdapte
     await first
     await worker.drain(5)
     assert recording.batches == [1]
+
+
+async def test_requests_being_preprocessed_hold_their_place_in_the_queue(adapter: EncoderAdapter) -> None:
+    # Admission happens before decoding, so an overloaded service refuses before spending CPU.
+    worker = _worker(RecordingAdapter(adapter), max_queue=2, batch_wait_s=0)
+    worker.start()
+    first, second = worker.reserve(), worker.reserve()
+    assert worker.queue_depth == 2
+    with pytest.raises(QueueFull):
+        worker.reserve()
+    second.release()
+    second.release()  # twice is harmless
+    assert worker.queue_depth == 1
+    rows = await worker.encode(_prepared(adapter, 1), first)
+    assert len(rows) == 1 and worker.queue_depth == 0  # its forward began: the place is free
+    with worker.reserve():
+        assert worker.queue_depth == 1
+    assert worker.queue_depth == 0
+    await worker.drain(5)
