@@ -54,8 +54,12 @@ def _form_field_schema(name: str) -> dict[str, Any]:
 
 
 _BINARY_SCHEMA = {"type": "string", "format": "binary"}
-_BINARY_DESCRIPTION = (
-    "With `encoding_format: safetensors` or an `Accept` header preferring it: a safetensors "
+_DESCRIPTION = (
+    "JSON, or `multipart/form-data` in one of two forms: `image` files with text options (below), or a "
+    "`request` part holding the JSON body whose items may send `image` or `precomputed_embedding.data` as file "
+    "parts `items[<index>].image` / `items[<index>].precomputed_embedding` (raw little-endian bytes of `dtype`, "
+    "row-major `shape`).\n\nThe answer is JSON, or, with `encoding_format: safetensors` or an `Accept` header "
+    "preferring it, a safetensors "
     "container, tensors `items.<index>` (`[rows, width]`, little-endian, in `dtype`), the JSON answer in "
     '`__metadata__["response"]` with each `embedding.data` naming its tensor.'
 )
@@ -69,27 +73,19 @@ _BINARY_DESCRIPTION = (
         200: {"content": {media_type: {"schema": _BINARY_SCHEMA} for media_type in BINARY_MEDIA_TYPES}},
     },
     summary="Encode images into embedding rows",
-    description=_BINARY_DESCRIPTION,
+    description=_DESCRIPTION,
     openapi_extra=request_body(
         EncodeRequest,
+        # The curl form only: the `request` form's valid part names depend on its JSON, which a
+        # schema cannot say; the operation's description and docs/api.md give it.
         multipart={
             "type": "object",
+            "required": ["image"],
+            "additionalProperties": False,
             "properties": {
                 "image": {"type": "array", "items": {"type": "string", "format": "binary"}, "minItems": 1},
                 **{name: _form_field_schema(name) for name in sorted(_MULTIPART_FIELDS)},
-                "request": {
-                    "type": "string",
-                    "contentMediaType": "application/json",
-                    "description": "The JSON body (EncodeRequest), instead of `image` parts and text fields; "
-                    "its items may leave `image` or `precomputed_embedding.data` to file parts "
-                    "`items[<index>].image` and `items[<index>].precomputed_embedding` (raw little-endian bytes).",
-                },
             },
-            "patternProperties": {
-                _ITEM_PART.pattern.replace("(0|[1-9][0-9]{0,8})", "[0-9]+"): {"type": "string", "format": "binary"}
-            },
-            "additionalProperties": False,
-            "oneOf": [{"required": ["image"]}, {"required": ["request"]}],
         },
     ),
 )

@@ -162,8 +162,7 @@ def test_openapi_documents_the_binary_answer(qwen_server: LiveServer) -> None:
     content = operation["responses"]["200"]["content"]
     assert set(content) == {"application/json", SAFETENSORS, "application/octet-stream"}
     assert content[SAFETENSORS]["schema"] == {"type": "string", "format": "binary"}
-    multipart = operation["requestBody"]["content"]["multipart/form-data"]["schema"]
-    assert "request" in multipart["properties"]
+    assert "items[<index>].precomputed_embedding" in operation["description"]
 
 
 VARIANTS = [
