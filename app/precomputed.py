@@ -1,4 +1,8 @@
-"""Client-sent embeddings to tensors: decoding and the checks that need no model."""
+"""Client-sent embeddings to tensors: decoding and the checks that need no model.
+
+``data`` arrives as base64 text or nested numbers (JSON), or as the raw bytes of a multipart file part;
+base64 and raw bytes meet the same byte-count, size and finiteness checks with the same errors.
+"""
 
 from __future__ import annotations
 
@@ -26,8 +30,10 @@ def decode_precomputed(embedding: PrecomputedEmbedding, *, param: str, max_bytes
             param=param,
             details={"limit": "max_body_bytes", "max_bytes": max_bytes, "bytes": expected_bytes},
         )
-    if isinstance(embedding.data, str):
-        tensor = _from_base64(embedding.data, embedding.dtype, rows, width, expected_bytes, param)
+    if isinstance(embedding.data, bytes):
+        tensor = _from_bytes(embedding.data, embedding.dtype, rows, width, expected_bytes, param)
+    elif isinstance(embedding.data, str):
+        tensor = _from_bytes(_base64(embedding.data, param), embedding.dtype, rows, width, expected_bytes, param)
     else:
         lengths = {len(row) for row in embedding.data}
         if len(embedding.data) != rows or lengths != {width}:
@@ -52,15 +58,18 @@ def decode_precomputed(embedding: PrecomputedEmbedding, *, param: str, max_bytes
     return tensor
 
 
-def _from_base64(data: str, dtype: str, rows: int, width: int, expected_bytes: int, param: str) -> torch.Tensor:
+def _base64(data: str, param: str) -> bytes:
     try:
-        raw = base64.b64decode(data, validate=True)
+        return base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise ValidationFailed(
             f"{param}.data is not valid base64 ({exc})",
             param=f"{param}.data",
             details={"errors": [{"loc": [param, "data"], "msg": "invalid base64", "type": "base64"}]},
         ) from None
+
+
+def _from_bytes(raw: bytes, dtype: str, rows: int, width: int, expected_bytes: int, param: str) -> torch.Tensor:
     if len(raw) != expected_bytes:
         raise PrecomputedShapeMismatch(
             f"{param}.data holds {len(raw)} bytes; shape {[rows, width]} of {dtype} needs {expected_bytes}",

@@ -5,9 +5,13 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
 EmbeddingDType = Literal["float32", "float16", "bfloat16"]
-EncodingFormat = Literal["base64", "float", "pt", "npy"]
+EncodingFormat = Literal["base64", "float", "pt", "npy", "safetensors"]
+# Bytes of a multipart file part (`items[0].precomputed_embedding`, `items[0].image`) put where the
+# JSON would carry text; never from a JSON body, so left out of the JSON schema.
+FilePart = SkipJsonSchema[bytes]
 Source = Literal["encoder", "precomputed", "cache"]
 PositiveInt = Annotated[int, Field(ge=1)]
 
@@ -15,8 +19,10 @@ PositiveInt = Annotated[int, Field(ge=1)]
 class PrecomputedEmbedding(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    data: str | list[list[float]] = Field(
-        description="Base64 of the little-endian bytes of a row-major `shape` array of `dtype`, or nested rows."
+    data: str | list[list[float]] | FilePart = Field(
+        description="Base64 of the little-endian bytes of a row-major `shape` array of `dtype`, or nested rows. "
+        "In a multipart request: omitted, and the raw bytes sent as the file part "
+        "`items[<index>].precomputed_embedding`."
     )
     dtype: EmbeddingDType = "float32"
     shape: Annotated[list[PositiveInt], Field(min_length=2, max_length=2)] = Field(description="[rows, width]")
@@ -34,8 +40,11 @@ class EncodeItem(BaseModel):
         },
     )
 
-    image: str | None = Field(
-        default=None, description="A data URI, bare base64 of the file, or an http(s) URL.", min_length=1
+    image: str | FilePart | None = Field(
+        default=None,
+        description="A data URI, bare base64 of the file, or an http(s) URL. In a multipart request: "
+        "omitted, and the file sent as the part `items[<index>].image`.",
+        min_length=1,
     )
     precomputed_embedding: PrecomputedEmbedding | None = None
     metadata: dict[str, Any] = Field(
@@ -78,7 +87,9 @@ class EncodeOptions(BaseModel):
     encoding_format: EncodingFormat = Field(
         default="base64",
         description="`base64`: little-endian bytes of `dtype`; `float`: JSON numbers; `pt`: base64 of `torch.save` "
-        "bytes and `npy`: base64 of `numpy.save` bytes (float32/float16), both as vLLM's `image_embeds` takes them.",
+        "bytes and `npy`: base64 of `numpy.save` bytes (float32/float16), both as vLLM's `image_embeds` takes them; "
+        "`safetensors`: the whole answer as `application/vnd.safetensors` (tensors `items.<index>`, this JSON in "
+        "the header). Unset, the `Accept` header chooses between JSON (`base64`) and safetensors.",
     )
     dtype: EmbeddingDType = "float32"
     pooling: Literal["none", "mean"] = Field(default="none", description="`mean`: one row per item, the mean.")
@@ -99,7 +110,10 @@ class Embedding(BaseModel):
     encoding_format: EncodingFormat
     dtype: EmbeddingDType
     shape: list[int]
-    data: str | list[list[float]]
+    data: str | list[list[float]] = Field(
+        description="The rows as `encoding_format` writes them; in a safetensors answer's header, the name of the "
+        "item's tensor (`items.<index>`)."
+    )
 
 
 class EncodedItem(BaseModel):

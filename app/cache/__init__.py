@@ -3,7 +3,7 @@
 ``TieredCache`` is what the scheduler talks to: local LRU first, then the shared store, then the encoder.
 """
 
-from mmencode.app.cache.local import CachedEmbedding, EmbeddingCache, LRUEmbeddingCache, content_hash
+from mmencode.app.cache.local import CachedEmbedding, EmbeddingCache, LRUEmbeddingCache, Payload, content_hash
 from mmencode.app.cache.shared import SharedCache
 from mmencode.app.cache.tiered import Hit, TieredCache
 
@@ -12,6 +12,7 @@ __all__ = [
     "EmbeddingCache",
     "Hit",
     "LRUEmbeddingCache",
+    "Payload",
     "SharedCache",
     "TieredCache",
     "content_hash",

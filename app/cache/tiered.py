@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Literal
 
-from mmencode.app.cache.local import CachedEmbedding, LRUEmbeddingCache
+import torch
+
+from mmencode.app.cache.local import CachedEmbedding, LRUEmbeddingCache, Payload
 from mmencode.app.cache.shared import SharedCache
 from mmencode.app.metrics import Metrics
 
@@ -51,6 +54,13 @@ class TieredCache:
         self.local.put(content_hash, value)
         if self.shared is not None:
             self.shared.put(content_hash, value)
+
+    def payload(self, content_hash: str, rows: torch.Tensor, variant: Hashable) -> Payload | None:
+        """A wire payload written earlier from these rows (local tier only: payloads never travel)."""
+        return self.local.payload(content_hash, rows, variant)
+
+    def keep_payload(self, content_hash: str, rows: torch.Tensor, variant: Hashable, payload: Payload) -> bool:
+        return self.local.keep_payload(content_hash, rows, variant, payload)
 
     @property
     def nbytes(self) -> int:

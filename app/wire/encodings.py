@@ -1,4 +1,4 @@
-"""Embedding rows to wire payloads: ``base64``, ``float``, ``pt`` and ``npy``, in one place.
+"""Embedding rows to wire payloads: ``base64``, ``float``, ``pt``, ``npy`` and ``safetensors``, in one place.
 
 ``pt`` and ``npy`` are what vLLM's ``image_embeds`` content parts take as they are
 (``vllm/multimodal/media/image.py: ImageEmbeddingMediaIO``): base64 of ``torch.save`` bytes, read
@@ -12,9 +12,18 @@ import io
 from typing import Any
 
 import numpy as np
+import orjson
 import torch
 
-__all__ = ["TORCH_DTYPES", "embedding_payload", "little_endian_bytes", "npy_bytes", "torch_save_bytes"]
+__all__ = [
+    "TORCH_DTYPES",
+    "binary_rows",
+    "data_json",
+    "embedding_payload",
+    "little_endian_bytes",
+    "npy_bytes",
+    "torch_save_bytes",
+]
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # numpy has no bfloat16: `npy` carries float32 or float16 only (the request schema refuses the pair).
@@ -60,3 +69,21 @@ def embedding_payload(rows: torch.Tensor, *, encoding_format: str, dtype: str) -
         # The values the requested dtype can hold, written as JSON numbers.
         data = cast.float().numpy()
     return {"encoding_format": encoding_format, "dtype": dtype, "shape": list(rows.shape), "data": data}
+
+
+def data_json(rows: torch.Tensor, *, encoding_format: str, dtype: str) -> bytes:
+    """The JSON text of :func:`embedding_payload`'s ``data``, exactly as orjson writes it in a response.
+
+    Kept whole in the cache beside the rows, it is spliced into later responses as it is
+    (``orjson.Fragment``): a hit neither re-encodes base64 nor re-writes numbers.
+    """
+    data = embedding_payload(rows, encoding_format=encoding_format, dtype=dtype)["data"]
+    return orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def binary_rows(rows: torch.Tensor, dtype: str) -> torch.Tensor:
+    """``rows`` as the contiguous tensor of ``dtype`` a safetensors response carries.
+
+    Float32 rows come back as they are (no copy); another dtype is a new tensor that owns its values.
+    """
+    return rows.to(TORCH_DTYPES[dtype]).contiguous()
