@@ -1,7 +1,7 @@
 """Real-size towers on one GPU: bare forward, the service at concurrency 64 on 1080p JPEGs, where the time goes.
 
     python -m bench.gpu --out gpu.json                   # one GPU, 16 cores: ~5-7 minutes, tower builds included
-    python -m bench.gpu --tiny --device cpu --duration 5  # tiny depths and widths, end to end on a CPU
+    python -m bench.gpu --tiny --device cpu               # tiny depths and widths, end to end on a CPU: ~1.5 min
 
 Towers (bench/towers.py, random weights from the released configs, nothing downloaded): Qwen2.5-VL-7B's
 vision tower, SigLIP-so400m, InternViT-300M with InternVL3-8B's projector. For each, in this order:
@@ -55,6 +55,11 @@ from mmencode.models import load_encoder
 from mmencode.models.base import EncoderAdapter, PreparedImage
 
 _MAX_PIXELS = 10**9
+# Bounds of a run: one GPU and 16 cores (about 1.5 minutes a tower), or --tiny on a CPU (about 20 s a tower).
+_FULL = {"concurrency": 64, "duration": 30.0, "max_requests": 4000, "images": 256, "bare_seconds": 2.0}
+_FULL["preprocess_images"] = 8
+_TINY = {"concurrency": 8, "duration": 5.0, "max_requests": 32, "images": 8, "bare_seconds": 0.5}
+_TINY["preprocess_images"] = 3
 
 
 # ----- inputs -----
@@ -124,8 +129,10 @@ def measure_bare(
                 adapter.forward(batch)  # returns rows on the host: synchronous
                 forwards += 1
             per_batch[size] = forwards * size / (time.perf_counter() - started)
-        except torch.OutOfMemoryError:
+        except torch.cuda.OutOfMemoryError:
             torch.cuda.empty_cache()
+            if not per_batch:
+                raise
             break  # larger batches will not fit either
     best = max(per_batch, key=lambda size: per_batch[size])
     return {
@@ -188,7 +195,10 @@ def in_process(
         }
         out["preprocessing"] = measure_preprocessing(adapter, jpegs[: args.preprocess_images])
         prepared = [adapter.preprocess(decode_image(j, max_pixels=_MAX_PIXELS)) for j in jpegs[:4]]
-        batch_sizes = [int(v) for v in args.batch_sizes.split(",")] if args.batch_sizes else TOWERS[name].batch_sizes
+        if args.batch_sizes:
+            batch_sizes = [int(v) for v in args.batch_sizes.split(",")]
+        else:  # a tiny tower on a CPU peaks at small batches; its larger ones only cost time
+            batch_sizes = list(TOWERS[name].batch_sizes[: 3 if args.tiny else None])
         out["bare"] = measure_bare(adapter, prepared, batch_sizes, args.bare_seconds)
         rows = adapter.forward(prepared[:1]).rows
         out["transport"] = measure_transport(rows, args.encoding_format, args.response_dtype)
@@ -255,7 +265,7 @@ def ceilings(result: dict[str, Any], preprocess_workers: int) -> dict[str, float
 COLUMNS = (
     "tower", "params M", "rows/img", "width", "bare img/s (batch)", "service img/s", "svc/bare", "p50 ms",
     "p99 ms", "decode+prep ms", "encoder ms/img", "img/forward", "queue ms", "request ms", "resp MB",
-    "resp build ms", "client read ms", "bound",
+    "resp build ms", "client read ms", "loadgen cores", "bound",
 )  # fmt: skip
 
 
@@ -273,7 +283,7 @@ def table_rows(results: dict[str, Any]) -> list[list[str]]:
             f"{prep['decode_ms'] + prep['preprocess_ms']:.1f}", f"{svc['encoder_ms_per_image']:.1f}",
             f"{svc['server']['images_per_forward']:.1f}", f"{svc['server']['queue_wait_s'] * 1000:.0f}",
             f"{svc['server']['request_s'] * 1000:.0f}", f"{transport['response_bytes'] / 1e6:.2f}",
-            f"{transport['server_encode_ms']:.1f}", f"{transport['client_decode_ms']:.1f}",
+            f"{transport['server_encode_ms']:.1f}", f"{transport['client_decode_ms']:.1f}", f"{svc['loadgen_cpu']:.2f}",
             f"{bound} ({limits[bound]:.0f}/s)",
         ])  # fmt: skip
     return rows
@@ -291,14 +301,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--tiny", action="store_true", help="tiny depths and widths, real processors (CPU smoke run)")
     parser.add_argument("--towers", default=",".join(TOWERS), help=f"comma-separated subset of {list(TOWERS)}")
     parser.add_argument("--root", type=Path, default=Path(".cache/bench/gpu"), help="where towers are saved")
-    parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--duration", type=float, default=30, help="seconds of measured service load per tower")
-    parser.add_argument("--max-requests", type=int, default=4000, help="cap on the service run's requests")
-    parser.add_argument("--images", type=int, default=256, help="distinct 1080p JPEGs, cycled")
+    parser.add_argument("--concurrency", type=int, help="concurrent requests (64; --tiny: 8)")
+    parser.add_argument("--duration", type=float, help="seconds of measured service load per tower (30; --tiny: 5)")
+    parser.add_argument("--max-requests", type=int, help="cap on a service run's requests (4000; --tiny: 32)")
+    parser.add_argument("--images", type=int, help="distinct JPEGs, cycled (256; --tiny: 8)")
     parser.add_argument("--image-size", default="1920x1080")
-    parser.add_argument("--bare-seconds", type=float, default=2, help="per batch size")
-    parser.add_argument("--batch-sizes", help="images per forward for the bare phase (default: per tower)")
-    parser.add_argument("--preprocess-images", type=int, default=8, help="images timed one by one")
+    parser.add_argument("--bare-seconds", type=float, help="per batch size (2; --tiny: 0.5)")
+    parser.add_argument(
+        "--batch-sizes", help="images per forward for the bare phase (default: per tower; --tiny: its first three)"
+    )
+    parser.add_argument("--preprocess-images", type=int, help="images timed one by one (8; --tiny: 3)")
     parser.add_argument("--encoding-format", default="base64", choices=["base64", "pt", "npy", "float"])
     parser.add_argument(
         "--response-dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"],
@@ -307,6 +319,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", type=Path, help="also write the results as JSON here")
     parser.add_argument("serve_args", nargs="*", help="extra `mmencode serve` flags, after --")
     args = parser.parse_args(argv)
+    for name, value in (_TINY if args.tiny else _FULL).items():
+        if getattr(args, name) is None:  # flags given explicitly win
+            setattr(args, name, value)
 
     started = time.perf_counter()
     device = resolve_device(args.device)
