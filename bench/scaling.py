@@ -1,6 +1,6 @@
 """Scaling curves: throughput vs concurrency, and latency vs image size (rows per image).
 
-    python -m bench.scaling --out scaling.json   # mid checkpoint: ~3 minutes on 2 cores; writes bench/scaling.png
+    python -m bench.scaling --out scaling.json   # mid checkpoint: ~1.5-3 minutes on 2 cores; writes bench/scaling.png
     python -m bench.scaling --quick              # fewer levels, sizes and requests: about a minute
 
 One ``mmencode serve`` subprocess (cache off, so every request runs the encoder) on the mid-size
