@@ -152,9 +152,14 @@ def plot(results: dict[str, Any], path: Path) -> None:
         right.plot(
             rows, [p["encoder_ms_per_forward"] for p in points], "o:", color="tab:green", label="encoder forward (mean)"
         )
+        # One label per row count: sizes past the processor's pixel cap land on the same rows.
+        labels: dict[int, tuple[list[str], float]] = {}
         for point in points:
-            right.annotate(point["image"], (point["rows"], point["p50_ms"]), textcoords="offset points",
-                           xytext=(4, -10), fontsize=7)  # fmt: skip
+            labels.setdefault(point["rows"], ([], point["p50_ms"]))[0].append(point["image"])
+        for count, (images, p50) in labels.items():
+            last = count == rows[-1]
+            right.annotate(", ".join(images), (count, p50), textcoords="offset points",
+                           xytext=(-8 if last else 8, -14), fontsize=7, ha="right" if last else "left")  # fmt: skip
         right.set_xlabel("rows per image (grid_h x grid_w / 4)")
         right.set_ylabel("latency (ms)")
         right.set_ylim(bottom=0)
