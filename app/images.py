@@ -8,7 +8,6 @@ scheduler adds which item it was.
 
 from __future__ import annotations
 
-import base64
 import binascii
 import io
 import re
@@ -52,23 +51,43 @@ def decode_base64_image(source: str, *, max_bytes: int) -> bytes:
         payload = source[match.end() :]
     elif source[:5].lower() == "data:":
         raise InvalidImage("malformed data URI")
-    # Line breaks (MIME-style base64) are not data: strip them before sizing.
-    raw = _WHITESPACE.sub(b"", payload.encode("ascii", errors="replace"))
-    # Base64 grows data by 4/3: refuse before decoding what cannot fit.
-    if len(raw) // 4 * 3 > max_bytes + 3:
-        raise PayloadTooLarge(
-            f"image is over {max_bytes} bytes", details={"limit": "max_image_bytes", "max_bytes": max_bytes}
-        )
+    # Base64 grows data by 4/3: refuse before decoding what cannot fit (line breaks do not count).
+    raw: str | bytes = payload
+    if _decoded_size(raw) > max_bytes + 3:
+        raw = _without_whitespace(raw)
+        if _decoded_size(raw) > max_bytes + 3:
+            raise PayloadTooLarge(
+                f"image is over {max_bytes} bytes", details={"limit": "max_image_bytes", "max_bytes": max_bytes}
+            )
     try:
-        data = base64.b64decode(raw, validate=True)
+        # One strict C pass over the usual base64 without line breaks (a whitespace-stripping regex
+        # over every request's payload took 5x as long as the decoding itself).
+        data = binascii.a2b_base64(raw, strict_mode=True)
     except (binascii.Error, ValueError) as exc:
-        raise InvalidImage(f"not valid base64 ({exc})") from None
+        # Line breaks (MIME-style base64) are not data: strip them and try once more.
+        stripped = _without_whitespace(raw)
+        if len(stripped) == len(raw):  # nothing to strip: the base64 itself is wrong
+            raise InvalidImage(f"not valid base64 ({exc})") from None
+        try:
+            data = binascii.a2b_base64(stripped, strict_mode=True)
+        except (binascii.Error, ValueError) as again:
+            raise InvalidImage(f"not valid base64 ({again})") from None
     if len(data) > max_bytes:
         raise PayloadTooLarge(
             f"image is {len(data)} bytes, over the limit of {max_bytes}",
             details={"limit": "max_image_bytes", "max_bytes": max_bytes, "bytes": len(data)},
         )
     return data
+
+
+def _decoded_size(encoded: str | bytes) -> int:
+    return len(encoded) // 4 * 3
+
+
+def _without_whitespace(encoded: str | bytes) -> bytes:
+    if isinstance(encoded, str):
+        encoded = encoded.encode("ascii", errors="replace")  # a non-ASCII character stays invalid as "?"
+    return _WHITESPACE.sub(b"", encoded)
 
 
 def decode_image(data: bytes, *, max_pixels: int) -> Image.Image:
