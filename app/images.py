@@ -110,7 +110,9 @@ def decode_image(data: bytes, *, max_pixels: int) -> Image.Image:
                 raise InvalidImage(f"image has no pixels ({width}x{height})")
             image.seek(0)  # animated formats: the first frame
             image.load()
-            return _to_rgb(ImageOps.exif_transpose(image))
+            # In place: without an orientation tag the default returns a full copy of the pixels.
+            ImageOps.exif_transpose(image, in_place=True)
+            return _to_rgb(image)
     except (InvalidImage, PayloadTooLarge):
         raise
     except UnidentifiedImageError:

@@ -1,13 +1,17 @@
-"""Base64 image sources: the strict one-pass decode and its retry for MIME-style line breaks."""
+"""Image sources: the strict one-pass base64 decode (and its retry for line breaks), EXIF orientation."""
 
 from __future__ import annotations
 
 import base64
+import io
 
+import numpy as np
 import pytest
+from PIL import Image, ImageOps
 
 from mmencode.app.errors import InvalidImage, PayloadTooLarge
-from mmencode.app.images import decode_base64_image
+from mmencode.app.images import decode_base64_image, decode_image
+from tests.helpers import noise_image
 
 RAW = bytes(range(256)) * 40
 
@@ -33,3 +37,15 @@ def test_line_breaks_do_not_count_against_the_size_limit() -> None:
 def test_malformed_base64_is_an_invalid_image(source: str) -> None:
     with pytest.raises(InvalidImage, match="not valid base64"):
         decode_base64_image(source, max_bytes=1000)
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_exif_orientation_is_applied_as_pillow_applies_it(orientation: int) -> None:
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    buffer = io.BytesIO()
+    noise_image(40, 24, seed=orientation).save(buffer, "PNG", exif=exif)
+    reference = ImageOps.exif_transpose(Image.open(io.BytesIO(buffer.getvalue()))).convert("RGB")
+    decoded = decode_image(buffer.getvalue(), max_pixels=10_000)
+    assert decoded.size == reference.size == ((40, 24) if orientation < 5 else (24, 40))
+    assert np.array_equal(np.asarray(decoded), np.asarray(reference))
