@@ -12,13 +12,16 @@ from mmencode.app.scheduler import Scheduler
 __all__ = ["ReadyScheduler", "RuntimeDep"]
 
 
-def get_runtime(request: Request) -> Runtime:
+# Async though they never await: FastAPI runs a plain ``def`` dependency on its thread pool, a thread
+# hop (and a wait for a free thread under load) on every request for an attribute lookup.
+async def get_runtime(request: Request) -> Runtime:
     runtime: Runtime = request.app.state.runtime
     return runtime
 
 
-def get_scheduler(request: Request) -> Scheduler:
-    return get_runtime(request).scheduler  # raises NotReady (503) until the model is warm
+async def get_scheduler(request: Request) -> Scheduler:
+    runtime: Runtime = request.app.state.runtime
+    return runtime.scheduler  # raises NotReady (503) until the model is warm
 
 
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
@@ -26,10 +27,15 @@ __all__ = ["create_app"]
 def create_app(settings: Settings) -> FastAPI:
     runtime = Runtime(settings)
 
+    async def load() -> None:
+        await runtime.start()
+        if runtime.ready:
+            _freeze_loaded_objects()
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # Load in the background: /health answers while the model loads, /ready waits for it.
-        loading = asyncio.create_task(runtime.start(), name="mmencode-load")
+        loading = asyncio.create_task(load(), name="mmencode-load")
         try:
             yield
         finally:
@@ -38,6 +44,8 @@ def create_app(settings: Settings) -> FastAPI:
                 with contextlib.suppress(asyncio.CancelledError):
                     await loading
             await runtime.stop()
+            # What was frozen may be garbage now (the model, in a process that builds apps again).
+            gc.unfreeze()
 
     # FastAPI with /docs and /redoc assets served from the installed package instead of a CDN.
     app = FastAPIOffline(
@@ -64,3 +72,14 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(sglang_routes.router)
     install_openapi(app, bearer_protected=is_protected if api_keys else None)
     return app
+
+
+def _freeze_loaded_objects() -> None:
+    """Move everything alive after loading (torch, transformers, the model: ~400k objects) out of GC's reach.
+
+    Requests allocate enough to trigger a full collection every thousand or so; each one walked every
+    object the imports and the model left behind, a 0.2-0.5 s pause of the event loop that set p99
+    under load. Frozen objects are never scanned, so a full collection only sees what serving allocates.
+    """
+    gc.collect()
+    gc.freeze()

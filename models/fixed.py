@@ -14,6 +14,7 @@ from PIL import Image
 from transformers import CLIPImageProcessorPil, CLIPVisionModel, SiglipImageProcessorPil, SiglipVisionModel
 
 from mmencode.models.base import EncoderAdapter, EncoderOutput, PreparedImage
+from mmencode.models.fixed_preprocess import FixedResolutionPreprocessor
 
 
 class SiglipAdapter(EncoderAdapter):
@@ -25,6 +26,12 @@ class SiglipAdapter(EncoderAdapter):
     weight_prefixes: ClassVar[tuple[str, ...]] = ("vision_model.", "")
     class_tokens: ClassVar[int] = 0
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Fewer passes over the pixels, used only once it matched this checkpoint's processor bit for
+        # bit on probe images (see models.fixed_preprocess); otherwise transformers' processor.
+        self.fast_preprocessor = FixedResolutionPreprocessor.verified(self.processor, label=f"{self.family} encoder")
+
     @property
     def hidden_size(self) -> int:
         return int(self.config.hidden_size)
@@ -34,7 +41,9 @@ class SiglipAdapter(EncoderAdapter):
         return (height // patch) * (width // patch) + self.class_tokens
 
     def preprocess(self, image: Image.Image) -> PreparedImage:
-        pixel_values = self.processor(images=[image], return_tensors="pt")["pixel_values"]
+        pixel_values = self.fast_preprocessor(image) if self.fast_preprocessor is not None else None
+        if pixel_values is None:
+            pixel_values = self.processor(images=[image], return_tensors="pt")["pixel_values"]
         return PreparedImage(
             tensors={"pixel_values": pixel_values},
             metadata={},

@@ -97,9 +97,8 @@ def test_an_open_gate_never_blocks() -> None:
 
 def test_a_failing_task_releases_the_gate() -> None:
     gate = ComputeGate(enabled=True)
-    with GatedThreadPool(gate, max_workers=1) as pool:
-        with pytest.raises(ZeroDivisionError):
-            pool.submit(lambda: 1 / 0).result(WAIT)
+    with GatedThreadPool(gate, max_workers=1) as pool, pytest.raises(ZeroDivisionError):
+        pool.submit(lambda: 1 / 0).result(WAIT)
     entered, release = threading.Event(), threading.Event()
     release.set()
     _hold_exclusive(gate, entered, release).join(WAIT)

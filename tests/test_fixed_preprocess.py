@@ -1,0 +1,155 @@
+"""The fast preprocessing path of CLIP and SigLIP gives transformers' exact pixel values, or is not used."""
+
+from __future__ import annotations
+
+import io
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from transformers import CLIPImageProcessorPil, CLIPVisionModel, SiglipImageProcessorPil
+
+import mmencode.models.fixed_preprocess as fixed_preprocess
+from mmencode.app.images import decode_image
+from mmencode.models import load_encoder
+from mmencode.models.fixed_preprocess import FixedResolutionPreprocessor
+from tests.helpers import data_uri, live_server, noise_image, rows_of
+
+CPU = torch.device("cpu")
+
+# Settings real checkpoints ship (OpenAI CLIP, SigLIP 224/384) and edge cases of each step.
+SETTINGS: list[tuple[type, dict[str, Any]]] = [
+    (CLIPImageProcessorPil, {}),
+    (CLIPImageProcessorPil, {"size": {"shortest_edge": 64}, "crop_size": {"height": 64, "width": 64}}),
+    (CLIPImageProcessorPil, {"size": {"shortest_edge": 336}, "crop_size": {"height": 336, "width": 336}}),
+    (CLIPImageProcessorPil, {"size": {"shortest_edge": 40}, "crop_size": {"height": 64, "width": 48}}),  # pads
+    (CLIPImageProcessorPil, {"resample": 2, "do_center_crop": False, "size": {"shortest_edge": 30}}),
+    (CLIPImageProcessorPil, {"do_normalize": False}),
+    (CLIPImageProcessorPil, {"do_rescale": False, "image_mean": 127.5, "image_std": 50.0}),
+    (CLIPImageProcessorPil, {"rescale_factor": 1 / 127.5, "image_mean": [1.0, 1.0, 1.0], "image_std": [1, 1, 1]}),
+    (CLIPImageProcessorPil, {"resample": 1, "do_convert_rgb": False}),
+    (SiglipImageProcessorPil, {}),
+    (SiglipImageProcessorPil, {"size": {"height": 384, "width": 384}}),
+    (SiglipImageProcessorPil, {"size": {"height": 30, "width": 50}, "resample": 0}),
+    (SiglipImageProcessorPil, {"resample": 4, "image_mean": [0.1, 0.2, 0.3], "image_std": [0.9, 0.8, 0.7]}),
+]
+
+
+def _images() -> list[Image.Image]:
+    rng = np.random.default_rng(3)
+    images = [noise_image(int(w), int(h), seed=i) for i, (w, h) in enumerate(rng.integers(1, 700, (24, 2)))]
+    images += [noise_image(320, 240, seed=50), noise_image(64, 64, seed=51), noise_image(2, 1, seed=52)]
+    images.append(noise_image(90, 70, seed=53, mode="L").convert("RGB"))
+    # As the service sees them: JPEG and PNG files through its own decoder.
+    for fmt in ("JPEG", "PNG"):
+        buffer = io.BytesIO()
+        noise_image(333, 251, seed=54).save(buffer, fmt)
+        images.append(decode_image(buffer.getvalue(), max_pixels=10**8))
+    return images
+
+
+IMAGES = _images()
+
+
+def _reference(processor: Any, image: Image.Image) -> torch.Tensor:
+    return processor(images=[image], return_tensors="pt")["pixel_values"]
+
+
+@pytest.mark.parametrize(("cls", "settings"), SETTINGS, ids=lambda v: getattr(v, "__name__", str(v)))
+def test_fast_path_is_bit_identical_to_transformers(cls: type, settings: dict[str, Any]) -> None:
+    processor = cls(**settings)
+    fast = FixedResolutionPreprocessor.verified(processor)
+    assert fast is not None
+    for image in IMAGES:
+        expected = _reference(processor, image)
+        got = fast(image)
+        assert got is not None
+        assert got.dtype == expected.dtype
+        assert torch.equal(got, expected), image.size
+
+
+def _overriding_resize() -> Any:
+    class CustomResize(CLIPImageProcessorPil):
+        def resize(self, image: Any, size: Any, resample: Any = None, **kwargs: Any) -> Any:
+            return super().resize(image, size, resample, **kwargs)
+
+    return CustomResize()
+
+
+@pytest.mark.parametrize(
+    "processor",
+    [
+        CLIPImageProcessorPil(do_resize=False),
+        SiglipImageProcessorPil(do_resize=False),
+        CLIPImageProcessorPil(size={"shortest_edge": 224, "longest_edge": 300}),
+        SiglipImageProcessorPil(do_pad=True, pad_size={"height": 256, "width": 256}),
+        _overriding_resize(),
+    ],
+    ids=["clip-no-resize", "siglip-no-resize", "longest-edge", "pad", "subclass-overrides-resize"],
+)
+def test_unsupported_settings_keep_transformers(processor: Any, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger=fixed_preprocess.__name__):
+        assert FixedResolutionPreprocessor.verified(processor) is None
+    assert "preprocessing with transformers' processor" in caplog.text
+
+
+def _one_ulp_off(processor: Any, settings: dict[str, Any]) -> np.ndarray:
+    table = _value_table(processor, settings)
+    table[1, 200] = np.nextafter(table[1, 200], np.float32(np.inf))
+    return table
+
+
+_value_table = fixed_preprocess._value_table
+
+
+def test_a_probe_that_differs_by_one_ulp_keeps_transformers(
+    checkpoints: dict[str, Path], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(fixed_preprocess, "_value_table", _one_ulp_off)
+    with caplog.at_level(logging.INFO, logger=fixed_preprocess.__name__):
+        adapter = load_encoder(checkpoints["clip"], device=CPU, dtype=torch.float32)
+    assert adapter.fast_preprocessor is None  # type: ignore[attr-defined]
+    assert "differs from transformers'" in caplog.text
+    image = IMAGES[0]
+    expected = _reference(adapter.processor, image)
+    assert torch.equal(adapter.preprocess(image).tensors["pixel_values"], expected)
+
+
+@pytest.mark.parametrize("name", ["clip", "clip-vision", "siglip", "siglip-vision"])
+def test_served_checkpoints_take_the_fast_path(checkpoints: dict[str, Path], name: str) -> None:
+    adapter = load_encoder(checkpoints[name], device=CPU, dtype=torch.float32)
+    assert adapter.fast_preprocessor is not None  # type: ignore[attr-defined]
+    for image in IMAGES[:6]:
+        assert torch.equal(adapter.preprocess(image).tensors["pixel_values"], _reference(adapter.processor, image))
+
+
+def test_an_rgb_image_naming_a_transparent_colour_is_composited_as_transformers_does(
+    checkpoints: dict[str, Path],
+) -> None:
+    adapter = load_encoder(checkpoints["clip"], device=CPU, dtype=torch.float32)
+    pixels = np.zeros((40, 60, 3), dtype=np.uint8)
+    pixels[:, :30] = (10, 20, 30)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels, "RGB").save(buffer, "PNG", transparency=(10, 20, 30))
+    image = decode_image(buffer.getvalue(), max_pixels=10**6)
+    assert image.mode == "RGB" and image.info.get("transparency") is not None
+    expected = _reference(adapter.processor, image)  # the transparent half turns white
+    assert torch.equal(adapter.preprocess(image).tensors["pixel_values"], expected)
+
+
+def test_rows_served_over_http_are_transformers_rows(checkpoints: dict[str, Path], tmp_path: Path) -> None:
+    """The reference: transformers' own processor and tower, nothing of the service."""
+    processor = CLIPImageProcessorPil.from_pretrained(checkpoints["clip"])
+    tower = CLIPVisionModel.from_pretrained(checkpoints["clip"]).eval()
+    images = [noise_image(320, 240, seed=7), noise_image(50, 41, seed=8), noise_image(120, 300, seed=9)]
+    with live_server(model=checkpoints["clip"], cache_dir=tmp_path / "cache") as server, server.client() as client:
+        response = client.post("/v1/encode", json={"items": [{"image": data_uri(image)} for image in images]})
+    assert response.status_code == 200, response.text
+    with torch.inference_mode():  # one batch, as the service ran this request
+        expected = tower(pixel_values=processor(images=images, return_tensors="pt")["pixel_values"]).last_hidden_state
+    for rows, item in zip(expected, response.json()["items"], strict=True):
+        assert torch.equal(rows_of(item), rows)
