@@ -69,6 +69,12 @@ class Settings(BaseSettings):
     preprocess_workers: int = Field(
         default_factory=lambda: max(1, os.cpu_count() or 1), ge=1, description="Threads decoding images; default: CPUs."
     )
+    cpu_threads: int | None = Field(
+        default=None,
+        ge=1,
+        description="Threads each forward uses on a CPU device. Unset: measured at start, all cores, or one "
+        "when the model is too small to gain from more (the other cores then decode and preprocess).",
+    )
     exclusive_forward: bool | None = Field(
         default=None,
         description="Give each encoder forward the CPU to itself: decoding and preprocessing wait while it runs. "

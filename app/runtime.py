@@ -155,7 +155,10 @@ class Runtime:
                 metrics=self.metrics,
                 gate=self.compute_gate,
             )
-            await asyncio.to_thread(worker.warmup)
+            await asyncio.to_thread(worker.warmup, self.settings.cpu_threads)
+            # One thread for a small model's forward leaves the other cores to preprocessing: no turns.
+            if worker.forward_threads == 1 and self.settings.exclusive_forward is None:
+                self.compute_gate.enabled = False
             worker.start()
         except Exception as exc:
             if isinstance(exc, CheckpointError):

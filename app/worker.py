@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from mmencode.app.compute_gate import ComputeGate
+from mmencode.app.cpu_threads import measure_forward_threads
 from mmencode.app.metrics import Metrics
 from mmencode.models import EncoderAdapter, EncoderOutput, PreparedImage
 
@@ -115,13 +116,27 @@ class EncoderWorker:
         self._unreserved.set()
         self._carry: _Job | None = None  # taken from the queue but over the budget of the last batch
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mmencode-encoder")
+        self.forward_threads: int | None = None  # on a CPU device, once warmed up
         self._task: asyncio.Task[None] | None = None
         self._pending = 0
 
     # ----- lifecycle -----
-    def warmup(self) -> None:
-        """One forward on a small image, blocking; readiness waits on it."""
+    def warmup(self, cpu_threads: int | None = None) -> None:
+        """One forward on a small image, blocking; readiness waits on it.
+
+        On a CPU device, also sets how many threads each forward uses (``cpu_threads``, or measured:
+        app/cpu_threads.py), in the thread that runs the forwards, since torch's setting is per thread.
+        """
+        self._executor.submit(self._warmup, cpu_threads).result()
+
+    def _warmup(self, cpu_threads: int | None) -> None:
         self.adapter.forward([self.adapter.preprocess(self.adapter.warmup_image())])
+        if self.adapter.device.type != "cpu":
+            return
+        if cpu_threads is None:
+            cpu_threads = measure_forward_threads(self.adapter, cores=torch.get_num_threads())
+        torch.set_num_threads(cpu_threads)
+        self.forward_threads = cpu_threads
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="mmencode-worker")

@@ -1,0 +1,71 @@
+"""How many of the CPU's cores a forward should use, when the model runs on the CPU.
+
+torch parallelises every op of a forward over all cores by default. That pays for a mid-size tower,
+whose matrix products are large; for a small one (a tiny CLIP, a few hundred kilobytes of weights)
+the ops are too small to split, and a forward on every core leaves no core for decoding, preprocessing
+and HTTP, which then cut into the forward (bench/README.md). Measured once at start: one forward of a
+448x448 image on one thread and on all, and the image's preprocessing; the choice is the one whose
+images per second are higher:
+
+- every core for the forward: forward and the rest take turns (app/compute_gate.py), so an image costs
+  ``forward_all + preprocess / cores``;
+- one thread: the forward runs on one core while the others preprocess, so an image costs
+  ``max(forward_one, preprocess / (cores - 1))``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+from PIL import Image
+
+from mmencode.models import EncoderAdapter
+
+__all__ = ["CALIBRATION_SIZE", "choose_forward_threads", "measure_forward_threads"]
+
+logger = logging.getLogger("mmencode.worker")
+
+CALIBRATION_SIZE = 448  # a photo-sized input: every family resizes it as it would a real image
+
+
+def choose_forward_threads(*, cores: int, forward_one: float, forward_all: float, preprocess: float) -> int:
+    """``cores`` or 1, from one image's times (seconds): the forward on one thread, on all, its preprocessing."""
+    if cores <= 1:
+        return 1
+    taking_turns = forward_all + preprocess / cores
+    side_by_side = max(forward_one, preprocess / (cores - 1))
+    return 1 if side_by_side < taking_turns else cores
+
+
+def measure_forward_threads(adapter: EncoderAdapter, cores: int, repeats: int = 3) -> int:
+    """Time the adapter and set torch's threads to the better choice. Call it from the encoder's thread:
+    torch's thread count belongs to the thread that sets it."""
+    image = Image.new("RGB", (CALIBRATION_SIZE, CALIBRATION_SIZE), (127, 64, 200))
+    preprocess = _fastest(lambda: adapter.preprocess(image), repeats)
+    item = adapter.preprocess(image)
+    times = {}
+    for threads in (1, cores):
+        torch.set_num_threads(threads)
+        adapter.forward([item])  # the first forward at a thread count pays for setting it up
+        times[threads] = _fastest(lambda: adapter.forward([item]), repeats)
+    chosen = choose_forward_threads(cores=cores, forward_one=times[1], forward_all=times[cores], preprocess=preprocess)
+    torch.set_num_threads(chosen)
+    logger.info(
+        "CPU forward threads: %d of %d (a %dx%d image: forward %.1f ms on 1 thread, %.1f ms on %d; "
+        "preprocessing %.1f ms)",
+        chosen, cores, CALIBRATION_SIZE, CALIBRATION_SIZE,
+        times[1] * 1000, times[cores] * 1000, cores, preprocess * 1000,
+    )  # fmt: skip
+    return chosen
+
+
+def _fastest(call: Callable[[], object], repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - started)
+    return best
