@@ -17,9 +17,6 @@ and widths, so the whole pipeline runs on a CPU in seconds.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +40,7 @@ from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTra
 
 from mmencode.models.internvl import InternVLEncoder
 from mmencode.models.tiny import TinyProcessor
-from mmencode.models.tiny.common import CLIP_MEAN, CLIP_STD, IMAGENET_MEAN, IMAGENET_STD
+from mmencode.models.tiny.common import CLIP_MEAN, CLIP_STD, IMAGENET_MEAN, IMAGENET_STD, replaced_atomically
 
 __all__ = ["TOWERS", "Tower", "build_tower"]
 
@@ -188,17 +185,9 @@ def build_tower(name: str, root: Path, *, tiny: bool = False, dtype: torch.dtype
         module = module_class(config)
     module = module.to_empty(device="cpu").to(dtype)
     weights = _fill_random(module, torch.Generator().manual_seed(0))
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=root))
-    try:
+    with replaced_atomically(directory) as staging:
         config.save_pretrained(staging)
         save_file(weights, str(staging / "model.safetensors"), metadata={"format": "pt"})
         processor.save(staging, "legacy")
         (staging / "bench-spec.json").write_text(spec_text)
-        if directory.exists():
-            shutil.rmtree(directory)
-        os.replace(staging, directory)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return directory

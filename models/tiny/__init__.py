@@ -8,9 +8,6 @@ real model. Full-VLM layouts include a (tiny) language model that the service mu
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,7 +15,13 @@ import torch
 from transformers import PreTrainedModel
 from transformers.utils import logging as hf_logging
 
-from mmencode.models.tiny.common import Layout, ProcessorLayout, TinyProcessor, fill_deterministic
+from mmencode.models.tiny.common import (
+    Layout,
+    ProcessorLayout,
+    TinyProcessor,
+    fill_deterministic,
+    replaced_atomically,
+)
 from mmencode.models.tiny.internvl import internvl, internvl_chat, to_opengvlab_layout
 from mmencode.models.tiny.llava import gemma3, idefics3, llava_next, llava_onevision, mistral3, smolvlm
 from mmencode.models.tiny.qwen import glm4v, qwen2_vl, qwen3_5, qwen3_vl
@@ -72,10 +75,8 @@ def build_tiny(
     torch.manual_seed(0)  # construction-time init is overwritten below; this only keeps it quiet
     model, processor = FAMILIES[family](layout, processor_merge_size)
     fill_deterministic(model)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
     hf_logging.disable_progress_bar()
-    try:
+    with replaced_atomically(directory) as staging:
         if max_shard_size is None:
             model.save_pretrained(staging)
         else:
@@ -84,12 +85,6 @@ def build_tiny(
         if family == "internvl_chat":
             to_opengvlab_layout(staging)
         _make_readable(staging)
-        if directory.exists():
-            shutil.rmtree(directory)
-        os.replace(staging, directory)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return directory
 
 

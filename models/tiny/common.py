@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -102,3 +107,19 @@ def fill_deterministic(model: torch.nn.Module) -> None:
             else:
                 values = values / np.sqrt(max(1, int(np.prod(param.shape[1:]))))
             param.copy_(torch.as_tensor(values, dtype=torch.float32))
+
+
+@contextlib.contextmanager
+def replaced_atomically(directory: Path) -> Iterator[Path]:
+    """A fresh folder beside ``directory`` to write into; it becomes ``directory``, whole, if the block
+    succeeds, and is removed if it raises, so a reader never sees a half-written checkpoint."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
+    try:
+        yield staging
+        if directory.exists():
+            shutil.rmtree(directory)
+        os.replace(staging, directory)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
