@@ -4,7 +4,8 @@
 
 Phases (``--phases``): ``bare`` decodes, preprocesses and encodes in this process at each batch size
 and keeps the best; ``service`` drives ``mmencode serve`` (a subprocess on loopback, cache off) with
-an async httpx load generator; ``overlap`` the same with ``--no-exclusive-forward``; ``nobatch`` does
+an async httpx load generator; ``paired`` takes the two in turns for ``--rounds`` rounds, so both
+see the same machine; ``overlap`` the service with ``--no-exclusive-forward``; ``nobatch`` does
 the same with ``--max-batch-items 1``; ``cache`` compares a miss with a hit of the same image,
 sequentially, and gives the hit p50 in absolute terms for a ~1 MB JPEG (1600x1200) sent as a data URI
 as well. Bounded by the request count; loopback only.
@@ -57,6 +58,44 @@ def bare_pipeline(checkpoint: Path, images: list[bytes], batch_sizes: list[int],
         "images_per_s_by_batch": {k: round(v, 2) for k, v in per_batch.items()},
         "best_batch": best,
         "images_per_s": round(per_batch[best], 2),
+    }
+
+
+def paired_rounds(
+    checkpoint: Path, images: list[bytes], uris: list[str], concurrency: int, batch: int, rounds: int
+) -> dict[str, Any]:
+    """Bare pipeline and service taken in turns, round after round, over the same images.
+
+    On a VM whose speed drifts by minutes, a bare phase and a service phase a minute apart compare two
+    machines; in turns, both see the same drift. The server idles while the bare pipeline runs, and
+    the other way round. The ratio is of the totals over every round.
+    """
+    adapter = load_encoder(checkpoint, device=resolve_device(None), dtype=torch.float32)
+    adapter.forward([adapter.preprocess(decode_image(images[0], max_pixels=10**9))])  # warm-up
+    bodies = [{"items": [{"image": uri}]} for uri in uris]
+    bare_images, bare_seconds, served, served_seconds = 0, 0.0, 0, 0.0
+    per_round = []
+    options = ("--cache-bytes", "0", "--max-queue", "100000", "--request-timeout", "600", "--log-level", "warning")
+    with service(checkpoint, *options) as url:
+        asyncio.run(drive(url, "/v1/encode", bodies[: min(8, len(bodies))], min(4, concurrency)))  # warm-up
+        for _ in range(rounds):
+            count = max(batch, len(images) // 2 // batch * batch)
+            started = time.perf_counter()
+            for start in range(0, count, batch):
+                chunk = images[start : start + batch]
+                adapter.forward([adapter.preprocess(decode_image(j, max_pixels=10**9)) for j in chunk])
+            bare = time.perf_counter() - started
+            result = asyncio.run(drive(url, "/v1/encode", bodies, concurrency))
+            bare_images, bare_seconds = bare_images + count, bare_seconds + bare
+            served, served_seconds = served + result.images, served_seconds + result.seconds
+            per_round.append(round((result.images / result.seconds) / (count / bare), 3))
+    return {
+        "batch": batch,
+        "rounds": rounds,
+        "bare_images_per_s": round(bare_images / bare_seconds, 2),
+        "service_images_per_s": round(served / served_seconds, 2),
+        "service_over_bare": round((served / served_seconds) / (bare_images / bare_seconds), 3),
+        "service_over_bare_by_round": per_round,
     }
 
 
@@ -124,6 +163,8 @@ def main() -> None:
     # machine is the luckiest, not the fastest (the bare phase used twice the largest batch size).
     parser.add_argument("--bare-images", type=int, default=48, help="images per batch size in the bare phase")
     parser.add_argument("--phases", default="bare,service,nobatch,cache")
+    parser.add_argument("--rounds", type=int, default=4, help="paired phase: bare and service rounds, in turns")
+    parser.add_argument("--paired-batch", type=int, default=1, help="paired phase's bare batch, without a bare phase")
     parser.add_argument("--out", type=Path, help="also write the results as JSON here")
     args = parser.parse_args()
 
@@ -158,6 +199,10 @@ def main() -> None:
     if "cache" in phases:
         results["cache"] = cache_latency(checkpoint, images, min(20, len(images)), mime=f"image/{args.image_format}")
         print("cache", json.dumps(results["cache"]), flush=True)
+    if "paired" in phases:
+        batch = results["bare"]["best_batch"] if "bare" in results else args.paired_batch
+        results["paired"] = paired_rounds(checkpoint, images, uris, args.concurrency, batch, args.rounds)
+        print("paired", json.dumps(results["paired"]), flush=True)
     if "bare" in results and "service" in results:
         results["service_over_bare"] = round(results["service"]["images_per_s"] / results["bare"]["images_per_s"], 3)
         print("service/bare", results["service_over_bare"])
