@@ -14,7 +14,23 @@ from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransforme
 
 from mmencode.models.tiny import build_tiny, fill_deterministic
 
-__all__ = ["build_checkpoint"]
+__all__ = ["build_checkpoint", "qwen2_vl_tower"]
+
+
+def qwen2_vl_tower(directory: Path, config: Qwen2VLVisionConfig, *, min_pixels: int, max_pixels: int) -> Path:
+    """A Qwen2-VL vision tower of ``config`` with deterministic weights and its processor, saved to ``directory``."""
+    model = Qwen2VisionTransformerPretrainedModel(config)
+    fill_deterministic(model)
+    processor = Qwen2VLImageProcessorPil(
+        size={"shortest_edge": min_pixels, "longest_edge": max_pixels},
+        patch_size=config.patch_size,
+        temporal_patch_size=config.temporal_patch_size,
+        merge_size=config.spatial_merge_size,
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory)
+    processor.save_pretrained(directory)
+    return directory
 
 
 def _build_mid(directory: Path) -> Path:
@@ -22,15 +38,7 @@ def _build_mid(directory: Path) -> Path:
         depth=6, embed_dim=320, num_heads=5, hidden_size=512, mlp_ratio=4,
         patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
     )  # fmt: skip
-    model = Qwen2VisionTransformerPretrainedModel(config)
-    fill_deterministic(model)
-    processor = Qwen2VLImageProcessorPil(
-        size={"shortest_edge": 56 * 56, "longest_edge": 336 * 336}, patch_size=14, temporal_patch_size=2, merge_size=2
-    )
-    directory.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(directory)
-    processor.save_pretrained(directory)
-    return directory
+    return qwen2_vl_tower(directory, config, min_pixels=56 * 56, max_pixels=336 * 336)
 
 
 def build_checkpoint(kind: str, root: Path) -> Path:

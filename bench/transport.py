@@ -43,12 +43,11 @@ import orjson
 import safetensors.numpy
 import safetensors.torch
 import torch
-from transformers import Qwen2VLImageProcessorPil, Qwen2VLVisionConfig
-from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
+from transformers import Qwen2VLVisionConfig
 
+from bench.checkpoints import qwen2_vl_tower
 from bench.common import data_uri, free_port, jpeg_images, percentile, wait_ready
 from mmencode.app.wire.encode_response import render_encode_response
-from mmencode.models.tiny import fill_deterministic
 
 FORMATS = [
     ("base64 JSON float32", "base64", "float32"),
@@ -65,15 +64,8 @@ def build_checkpoint(directory: Path) -> Path:
         depth=1, embed_dim=32, num_heads=1, hidden_size=3584, mlp_ratio=2,
         patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
     )  # fmt: skip
-    model = Qwen2VisionTransformerPretrainedModel(config)
-    fill_deterministic(model)
-    processor = Qwen2VLImageProcessorPil(
-        size={"shortest_edge": 3136, "longest_edge": 12845056}, patch_size=14, temporal_patch_size=2, merge_size=2
-    )
-    directory.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(directory)
-    processor.save_pretrained(directory)
-    return directory
+    # Qwen2-VL-7B-Instruct's own pixel limits: one 1920x1080 image is 2,691 rows.
+    return qwen2_vl_tower(directory, config, min_pixels=3136, max_pixels=12845056)
 
 
 @contextlib.contextmanager
