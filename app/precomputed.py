@@ -6,13 +6,13 @@ base64 and raw bytes meet the same byte-count, size and finiteness checks with t
 
 from __future__ import annotations
 
-import base64
 import binascii
 
 import numpy as np
 import torch
 
 from mmencode.app.errors import PayloadTooLarge, PrecomputedShapeMismatch, ValidationFailed
+from mmencode.app.wire.b64 import decode_lenient_padding
 from mmencode.schemas.encode import PrecomputedEmbedding
 
 __all__ = ["decode_precomputed"]
@@ -60,7 +60,7 @@ def decode_precomputed(embedding: PrecomputedEmbedding, *, param: str, max_bytes
 
 def _base64(data: str, param: str) -> bytes:
     try:
-        return base64.b64decode(data, validate=True)
+        return decode_lenient_padding(data)
     except (binascii.Error, ValueError) as exc:
         raise ValidationFailed(
             f"{param}.data is not valid base64 ({exc})",

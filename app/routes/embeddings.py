@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import re
 
 from fastapi import APIRouter, Request
@@ -13,10 +12,12 @@ from mmencode.app.errors import InvalidImage, ServiceError, UnsupportedParameter
 from mmencode.app.images import is_url
 from mmencode.app.openapi import ERROR_RESPONSES
 from mmencode.app.responses import JSONBytesResponse, l2_normalised_mean
+from mmencode.app.routes.json_body import JiterRoute
 from mmencode.app.scheduler import ItemInput
+from mmencode.app.wire.b64 import encode_ascii
 from mmencode.schemas.embeddings import EmbeddingsRequest, EmbeddingsResponse, ModelCard, ModelList
 
-router = APIRouter(tags=["openai"])
+router = APIRouter(tags=["openai"], route_class=JiterRoute)
 
 
 @router.post(
@@ -49,9 +50,7 @@ async def embeddings(body: EmbeddingsRequest, request: Request, runtime: Runtime
     data = []
     for result in results:
         vector = l2_normalised_mean(result.rows)
-        encoded = (
-            base64.b64encode(vector.astype("<f4").tobytes()).decode() if body.encoding_format == "base64" else vector
-        )
+        encoded = encode_ascii(vector.astype("<f4").tobytes()) if body.encoding_format == "base64" else vector
         data.append({"object": "embedding", "index": result.index, "embedding": encoded})
     return JSONBytesResponse(
         {

@@ -26,12 +26,13 @@ from starlette.responses import Response
 from mmencode.app.deps import RuntimeDep
 from mmencode.app.errors import PayloadTooLarge, ServiceError, validation_error
 from mmencode.app.openapi import ERROR_RESPONSES, request_body
+from mmencode.app.routes.json_body import JiterRoute
 from mmencode.app.scheduler import ItemInput, ItemResult
 from mmencode.app.wire.encode_response import render_encode_response
 from mmencode.app.wire.negotiation import BINARY_MEDIA_TYPES, JSON_MEDIA_TYPE, SAFETENSORS_MEDIA_TYPE, negotiate
 from mmencode.schemas.encode import EncodeOptions, EncodeRequest, EncodeResponse
 
-router = APIRouter(tags=["encode"])
+router = APIRouter(tags=["encode"], route_class=JiterRoute)
 
 _MULTIPART_FIELDS = {"model", "precomputed", "encoding_format", "dtype", "pooling"}
 _ITEM_PART = re.compile(r"items\[(0|[1-9][0-9]{0,8})\]\.(image|precomputed_embedding)")

@@ -18,9 +18,10 @@ from starlette.responses import Response
 from mmencode.app.deps import RuntimeDep
 from mmencode.app.errors import ServiceError, validation_error
 from mmencode.app.responses import JSONBytesResponse
+from mmencode.app.routes.json_body import JiterRoute
 from mmencode.schemas.sglang import SGLANG_VERSION, SGLangEncodeRequest, SGLangReceiveUrlRequest
 
-router = APIRouter(tags=["sglang"], include_in_schema=False)
+router = APIRouter(tags=["sglang"], include_in_schema=False, route_class=JiterRoute)
 
 M = TypeVar("M", bound=BaseModel)
 

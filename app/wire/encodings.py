@@ -7,13 +7,14 @@ with ``torch.load(weights_only=True)``, or of ``numpy.save`` bytes, read with ``
 
 from __future__ import annotations
 
-import base64
 import io
 from typing import Any
 
 import numpy as np
 import orjson
 import torch
+
+from mmencode.app.wire.b64 import encode_ascii
 
 __all__ = [
     "TORCH_DTYPES",
@@ -60,11 +61,11 @@ def embedding_payload(rows: torch.Tensor, *, encoding_format: str, dtype: str) -
     cast = rows.to(TORCH_DTYPES[dtype]).contiguous()
     data: Any
     if encoding_format == "base64":
-        data = base64.b64encode(little_endian_bytes(cast)).decode("ascii")
+        data = encode_ascii(little_endian_bytes(cast))
     elif encoding_format == "pt":
-        data = base64.b64encode(torch_save_bytes(cast)).decode("ascii")
+        data = encode_ascii(torch_save_bytes(cast))
     elif encoding_format == "npy":
-        data = base64.b64encode(npy_bytes(rows, dtype)).decode("ascii")
+        data = encode_ascii(npy_bytes(rows, dtype))
     else:
         # The values the requested dtype can hold, written as JSON numbers.
         data = cast.float().numpy()
