@@ -103,13 +103,13 @@ def _one_ulp_off(processor: Any, settings: dict[str, Any]) -> np.ndarray:
     return table
 
 
-_value_table = fixed_preprocess._value_table
+_value_table = fixed_preprocess.value_table
 
 
 def test_a_probe_that_differs_by_one_ulp_keeps_transformers(
     checkpoints: dict[str, Path], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(fixed_preprocess, "_value_table", _one_ulp_off)
+    monkeypatch.setattr(fixed_preprocess, "value_table", _one_ulp_off)
     with caplog.at_level(logging.INFO, logger=fixed_preprocess.__name__):
         adapter = load_encoder(checkpoints["clip"], device=CPU, dtype=torch.float32)
     assert adapter.fast_preprocessor is None  # type: ignore[attr-defined]
