@@ -17,7 +17,7 @@ import mmencode.models.fixed_preprocess as fixed_preprocess
 from mmencode.app.images import decode_image
 from mmencode.models import load_encoder
 from mmencode.models.fixed_preprocess import FixedResolutionPreprocessor
-from tests.helpers import data_uri, live_server, noise_image, rows_of
+from tests.helpers import data_uri, live_server, noise_image, preprocessing_images, rows_of
 
 CPU = torch.device("cpu")
 
@@ -39,20 +39,7 @@ SETTINGS: list[tuple[type, dict[str, Any]]] = [
 ]
 
 
-def _images() -> list[Image.Image]:
-    rng = np.random.default_rng(3)
-    images = [noise_image(int(w), int(h), seed=i) for i, (w, h) in enumerate(rng.integers(1, 700, (24, 2)))]
-    images += [noise_image(320, 240, seed=50), noise_image(64, 64, seed=51), noise_image(2, 1, seed=52)]
-    images.append(noise_image(90, 70, seed=53, mode="L").convert("RGB"))
-    # As the service sees them: JPEG and PNG files through its own decoder.
-    for fmt in ("JPEG", "PNG"):
-        buffer = io.BytesIO()
-        noise_image(333, 251, seed=54).save(buffer, fmt)
-        images.append(decode_image(buffer.getvalue(), max_pixels=10**8))
-    return images
-
-
-IMAGES = _images()
+IMAGES = preprocessing_images()
 
 
 def _reference(processor: Any, image: Image.Image) -> torch.Tensor:
