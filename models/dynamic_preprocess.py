@@ -8,9 +8,10 @@ temporal patch. Here: transformers' own ``smart_resize`` and the same PIL resize
 in patch order (a quarter of the bytes to move), and one table lookup per channel straight into the
 output rows; the temporal copies are filled from the first.
 
-Why the table is exact, and how the path is proven against the processor before it serves (it
-returns ``None``, meaning "use transformers", when any probe image differs by a single bit): see
-:mod:`models.verified_preprocess`, which the fixed-resolution path shares.
+The table is exact for the reason :mod:`models.verified_preprocess` gives, and the path serves only
+after it matched the processor bit for bit on probe images, these settings' own among them (one
+below min_pixels, one past max_pixels, one holding every byte at a size the resize keeps); otherwise
+:meth:`~VerifiedPreprocessor.verified` returns ``None`` and transformers' processor serves.
 """
 
 from __future__ import annotations

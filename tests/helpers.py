@@ -41,6 +41,18 @@ def preprocessing_images(seed: int = 3) -> list[Image.Image]:
     return images
 
 
+def transparent_rgb_image() -> Image.Image:
+    """An RGB PNG that names a transparent colour, decoded by the service: transformers composites the
+    left half, which has that colour, over white."""
+    pixels = np.zeros((40, 60, 3), dtype=np.uint8)
+    pixels[:, :30] = (10, 20, 30)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels, "RGB").save(buffer, "PNG", transparency=(10, 20, 30))
+    image = decode_image(buffer.getvalue(), max_pixels=10**6)
+    assert image.mode == "RGB" and image.info.get("transparency") is not None
+    return image
+
+
 def image_bytes(image: Image.Image, fmt: str = "PNG") -> bytes:
     buffer = io.BytesIO()
     image.save(buffer, fmt)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import logging
 import math
 from collections.abc import Callable, Mapping
@@ -16,10 +15,9 @@ from PIL import Image
 from transformers import CLIPImageProcessorPil, Glm4vImageProcessorPil, Qwen2VLImageProcessorPil
 
 import mmencode.models.dynamic_preprocess as dynamic_preprocess
-from mmencode.app.images import decode_image
 from mmencode.models import load_encoder
 from mmencode.models.dynamic_preprocess import DynamicResolutionPreprocessor
-from tests.helpers import noise_image, preprocessing_images
+from tests.helpers import noise_image, preprocessing_images, transparent_rgb_image
 
 CPU = torch.device("cpu")
 CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
@@ -235,20 +233,10 @@ def test_a_wrong_patch_order_or_grid_type_is_rejected(cls: type[DynamicResolutio
     assert cls.verified(_processor(SETTINGS["bench-mid"])) is None
 
 
-def _transparent_rgb() -> Image.Image:
-    pixels = np.zeros((40, 60, 3), dtype=np.uint8)
-    pixels[:, :30] = (10, 20, 30)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels, "RGB").save(buffer, "PNG", transparency=(10, 20, 30))
-    image = decode_image(buffer.getvalue(), max_pixels=10**6)
-    assert image.mode == "RGB" and image.info.get("transparency") is not None
-    return image
-
-
 @pytest.mark.parametrize(
     "make",
     [
-        _transparent_rgb,  # transformers composites the transparent half over white
+        transparent_rgb_image,  # transformers composites the transparent half over white
         lambda: noise_image(70, 50, seed=1, mode="RGBA"),
         lambda: noise_image(70, 50, seed=2, mode="L"),
         lambda: noise_image(70, 50, seed=3).convert("P"),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import logging
 from pathlib import Path
 from typing import Any
@@ -14,10 +13,9 @@ from PIL import Image
 from transformers import CLIPImageProcessorPil, CLIPVisionModel, SiglipImageProcessorPil
 
 import mmencode.models.fixed_preprocess as fixed_preprocess
-from mmencode.app.images import decode_image
 from mmencode.models import load_encoder
 from mmencode.models.fixed_preprocess import FixedResolutionPreprocessor
-from tests.helpers import data_uri, live_server, noise_image, preprocessing_images, rows_of
+from tests.helpers import data_uri, live_server, noise_image, preprocessing_images, rows_of, transparent_rgb_image
 
 CPU = torch.device("cpu")
 
@@ -118,12 +116,7 @@ def test_an_rgb_image_naming_a_transparent_colour_is_composited_as_transformers_
     checkpoints: dict[str, Path],
 ) -> None:
     adapter = load_encoder(checkpoints["clip"], device=CPU, dtype=torch.float32)
-    pixels = np.zeros((40, 60, 3), dtype=np.uint8)
-    pixels[:, :30] = (10, 20, 30)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels, "RGB").save(buffer, "PNG", transparency=(10, 20, 30))
-    image = decode_image(buffer.getvalue(), max_pixels=10**6)
-    assert image.mode == "RGB" and image.info.get("transparency") is not None
+    image = transparent_rgb_image()
     expected = _reference(adapter.processor, image)  # the transparent half turns white
     assert torch.equal(adapter.preprocess(image).tensors["pixel_values"], expected)
 
