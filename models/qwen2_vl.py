@@ -19,6 +19,7 @@ from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTra
 from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
 
 from mmencode.models.base import EncoderAdapter, EncoderOutput, PreparedImage
+from mmencode.models.dynamic_preprocess import DynamicResolutionPreprocessor
 from mmencode.models.errors import MetadataError
 
 
@@ -30,6 +31,13 @@ class Qwen2VLAdapter(EncoderAdapter):
     # Where the tower sits: transformers 5 full save, original hub layout, standalone tower.
     weight_prefixes: ClassVar[tuple[str, ...]] = ("model.visual.", "visual.", "")
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Fewer passes over the pixels, used only once it matched this checkpoint's processor bit for
+        # bit on probe images (see models.dynamic_preprocess); otherwise transformers' processor, as
+        # for the subclasses whose processors are other classes (GLM-4.1V, Kimi).
+        self.fast_preprocessor = DynamicResolutionPreprocessor.verified(self.processor, label=f"{self.family} encoder")
+
     @property
     def hidden_size(self) -> int:
         return int(self.config.hidden_size)
@@ -40,7 +48,9 @@ class Qwen2VLAdapter(EncoderAdapter):
         return int(self.processor.merge_size)
 
     def preprocess(self, image: Image.Image) -> PreparedImage:
-        out = self.processor(images=[image], return_tensors="pt")
+        out = self.fast_preprocessor(image) if self.fast_preprocessor is not None else None
+        if out is None:
+            out = self.processor(images=[image], return_tensors="pt")
         grid = out["image_grid_thw"]
         t, h, w = (int(v) for v in grid[0])
         return PreparedImage(

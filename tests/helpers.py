@@ -19,6 +19,7 @@ import uvicorn
 from PIL import Image
 
 from mmencode.app.config import Settings
+from mmencode.app.images import decode_image
 from mmencode.app.main import create_app
 
 
@@ -26,6 +27,30 @@ def noise_image(width: int, height: int, seed: int = 0, mode: str = "RGB") -> Im
     channels = {"RGB": 3, "RGBA": 4, "L": 1}[mode]
     array = np.random.default_rng(seed).integers(0, 256, (height, width, channels), dtype=np.uint8)
     return Image.fromarray(array.squeeze(-1) if channels == 1 else array, mode=mode)
+
+
+def preprocessing_images(seed: int = 3) -> list[Image.Image]:
+    """Images a preprocessing path must get right: random sizes and aspects, tiny ones, greyscale made
+    RGB, and JPEG and PNG files as the service sees them, through its own decoder."""
+    rng = np.random.default_rng(seed)
+    images = [noise_image(int(w), int(h), seed=i) for i, (w, h) in enumerate(rng.integers(1, 700, (24, 2)))]
+    images += [noise_image(320, 240, seed=50), noise_image(64, 64, seed=51), noise_image(2, 1, seed=52)]
+    images.append(noise_image(90, 70, seed=53, mode="L").convert("RGB"))
+    for fmt in ("JPEG", "PNG"):
+        images.append(decode_image(image_bytes(noise_image(333, 251, seed=54), fmt), max_pixels=10**8))
+    return images
+
+
+def transparent_rgb_image() -> Image.Image:
+    """An RGB PNG that names a transparent colour, decoded by the service: transformers composites the
+    left half, which has that colour, over white."""
+    pixels = np.zeros((40, 60, 3), dtype=np.uint8)
+    pixels[:, :30] = (10, 20, 30)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels, "RGB").save(buffer, "PNG", transparency=(10, 20, 30))
+    image = decode_image(buffer.getvalue(), max_pixels=10**6)
+    assert image.mode == "RGB" and image.info.get("transparency") is not None
+    return image
 
 
 def image_bytes(image: Image.Image, fmt: str = "PNG") -> bytes:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import logging
 from pathlib import Path
 from typing import Any
@@ -14,10 +13,9 @@ from PIL import Image
 from transformers import CLIPImageProcessorPil, CLIPVisionModel, SiglipImageProcessorPil
 
 import mmencode.models.fixed_preprocess as fixed_preprocess
-from mmencode.app.images import decode_image
 from mmencode.models import load_encoder
 from mmencode.models.fixed_preprocess import FixedResolutionPreprocessor
-from tests.helpers import data_uri, live_server, noise_image, rows_of
+from tests.helpers import data_uri, live_server, noise_image, preprocessing_images, rows_of, transparent_rgb_image
 
 CPU = torch.device("cpu")
 
@@ -39,20 +37,7 @@ SETTINGS: list[tuple[type, dict[str, Any]]] = [
 ]
 
 
-def _images() -> list[Image.Image]:
-    rng = np.random.default_rng(3)
-    images = [noise_image(int(w), int(h), seed=i) for i, (w, h) in enumerate(rng.integers(1, 700, (24, 2)))]
-    images += [noise_image(320, 240, seed=50), noise_image(64, 64, seed=51), noise_image(2, 1, seed=52)]
-    images.append(noise_image(90, 70, seed=53, mode="L").convert("RGB"))
-    # As the service sees them: JPEG and PNG files through its own decoder.
-    for fmt in ("JPEG", "PNG"):
-        buffer = io.BytesIO()
-        noise_image(333, 251, seed=54).save(buffer, fmt)
-        images.append(decode_image(buffer.getvalue(), max_pixels=10**8))
-    return images
-
-
-IMAGES = _images()
+IMAGES = preprocessing_images()
 
 
 def _reference(processor: Any, image: Image.Image) -> torch.Tensor:
@@ -103,13 +88,13 @@ def _one_ulp_off(processor: Any, settings: dict[str, Any]) -> np.ndarray:
     return table
 
 
-_value_table = fixed_preprocess._value_table
+_value_table = fixed_preprocess.value_table
 
 
 def test_a_probe_that_differs_by_one_ulp_keeps_transformers(
     checkpoints: dict[str, Path], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(fixed_preprocess, "_value_table", _one_ulp_off)
+    monkeypatch.setattr(fixed_preprocess, "value_table", _one_ulp_off)
     with caplog.at_level(logging.INFO, logger=fixed_preprocess.__name__):
         adapter = load_encoder(checkpoints["clip"], device=CPU, dtype=torch.float32)
     assert adapter.fast_preprocessor is None  # type: ignore[attr-defined]
@@ -131,12 +116,7 @@ def test_an_rgb_image_naming_a_transparent_colour_is_composited_as_transformers_
     checkpoints: dict[str, Path],
 ) -> None:
     adapter = load_encoder(checkpoints["clip"], device=CPU, dtype=torch.float32)
-    pixels = np.zeros((40, 60, 3), dtype=np.uint8)
-    pixels[:, :30] = (10, 20, 30)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels, "RGB").save(buffer, "PNG", transparency=(10, 20, 30))
-    image = decode_image(buffer.getvalue(), max_pixels=10**6)
-    assert image.mode == "RGB" and image.info.get("transparency") is not None
+    image = transparent_rgb_image()
     expected = _reference(adapter.processor, image)  # the transparent half turns white
     assert torch.equal(adapter.preprocess(image).tensors["pixel_values"], expected)
 
