@@ -82,7 +82,18 @@ class VerifiedPreprocessor(abc.ABC):
             return None
         probes = [*(probe_images() if probes is None else probes), *fast.own_probes()]
         for probe in probes:
-            if not _same_outputs(fast.outputs(probe), processor(images=[probe], return_tensors="pt")):
+            try:
+                same = _same_outputs(fast.outputs(probe), processor(images=[probe], return_tensors="pt"))
+            except Exception as exc:  # a probe these settings refuse must not fail the model's load
+                logger.warning(
+                    "%s: a %dx%d probe image failed (%s: %s); preprocessing with transformers' processor",
+                    name,
+                    *probe.size,
+                    type(exc).__name__,
+                    exc,
+                )
+                return None
+            if not same:
                 logger.warning(
                     "%s: the fast preprocessing path differs from transformers' on a %dx%d probe image; "
                     "preprocessing with transformers' processor",

@@ -233,6 +233,16 @@ def test_a_wrong_patch_order_or_grid_type_is_rejected(cls: type[DynamicResolutio
     assert cls.verified(_processor(SETTINGS["bench-mid"])) is None
 
 
+def test_a_probe_the_processor_refuses_keeps_transformers_instead_of_failing_the_load(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A 1x300 probe is past smart_resize's aspect-ratio limit of 200: transformers raises on it.
+    refused = Image.new("RGB", (1, 300), (10, 20, 30))
+    with caplog.at_level(logging.WARNING, logger="mmencode.models.dynamic_preprocess"):
+        assert DynamicResolutionPreprocessor.verified(_processor(SETTINGS["bench-mid"]), [refused]) is None
+    assert "1x300 probe image failed (ValueError" in caplog.text
+
+
 @pytest.mark.parametrize(
     "make",
     [
