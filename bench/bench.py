@@ -36,6 +36,7 @@ from bench.common import (
     percentile,
     service,
 )
+from bench.server_times import ServerTimes
 from mmencode.app.images import decode_image
 from mmencode.app.runtime import resolve_device
 from mmencode.models import load_encoder
@@ -73,7 +74,8 @@ def paired_rounds(
     adapter = load_encoder(checkpoint, device=resolve_device(None), dtype=torch.float32)
     adapter.forward([adapter.preprocess(decode_image(images[0], max_pixels=10**9))])  # warm-up
     bodies = [{"items": [{"image": uri}]} for uri in uris]
-    bare_images, bare_seconds, served, served_seconds = 0, 0.0, 0, 0.0
+    bare_images, bare_seconds, bare_forward_seconds, served, served_seconds = 0, 0.0, 0.0, 0, 0.0
+    encoder_seconds = 0.0
     per_round = []
     options = ("--cache-bytes", "0", "--max-queue", "100000", "--request-timeout", "600", "--log-level", "warning")
     with service(checkpoint, *options) as url:
@@ -82,10 +84,16 @@ def paired_rounds(
             count = max(batch, len(images) // 2 // batch * batch)
             started = time.perf_counter()
             for start in range(0, count, batch):
-                chunk = images[start : start + batch]
-                adapter.forward([adapter.preprocess(decode_image(j, max_pixels=10**9)) for j in chunk])
+                prepared = [
+                    adapter.preprocess(decode_image(j, max_pixels=10**9)) for j in images[start : start + batch]
+                ]
+                forward_started = time.perf_counter()
+                adapter.forward(prepared)
+                bare_forward_seconds += time.perf_counter() - forward_started
             bare = time.perf_counter() - started
+            before = httpx.get(url + "/metrics").text
             result = asyncio.run(drive(url, "/v1/encode", bodies, concurrency))
+            encoder_seconds += ServerTimes.between(before, httpx.get(url + "/metrics").text).encoder_s_total
             bare_images, bare_seconds = bare_images + count, bare_seconds + bare
             served, served_seconds = served + result.images, served_seconds + result.seconds
             per_round.append(round((result.images / result.seconds) / (count / bare), 3))
@@ -96,6 +104,12 @@ def paired_rounds(
         "service_images_per_s": round(served / served_seconds, 2),
         "service_over_bare": round((served / served_seconds) / (bare_images / bare_seconds), 3),
         "service_over_bare_by_round": per_round,
+        # Where a gap comes from: a slower forward (work beside it on the same cores), or the encoder
+        # waiting between forwards. Bare, the forward is timed alone; its preprocessing is the rest.
+        "bare_forward_ms_per_image": round(bare_forward_seconds / bare_images * 1000, 1),
+        "service_forward_ms_per_image": round(encoder_seconds / served * 1000, 1),
+        "bare_forward_share": round(bare_forward_seconds / bare_seconds, 3),
+        "service_encoder_busy": round(encoder_seconds / served_seconds, 3),
     }
 
 
