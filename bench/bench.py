@@ -5,10 +5,12 @@
 Phases (``--phases``): ``bare`` decodes, preprocesses and encodes in this process at each batch size
 and keeps the best; ``service`` drives ``mmencode serve`` (a subprocess on loopback, cache off) with
 an async httpx load generator; ``paired`` takes the two in turns for ``--rounds`` rounds, so both
-see the same machine; ``overlap`` the service with ``--no-exclusive-forward``; ``nobatch`` does
-the same with ``--max-batch-items 1``; ``cache`` compares a miss with a hit of the same image,
-sequentially, and gives the hit p50 in absolute terms for a ~1 MB JPEG (1600x1200) sent as a data URI
-as well. Bounded by the request count; loopback only.
+see the same machine, and says whether a gap is a slower forward or an encoder left waiting
+(``--loadgen-nice`` runs its load generator at a lower priority, to tell its share of the cores);
+``overlap`` the service with ``--no-exclusive-forward``; ``nobatch`` does the same with
+``--max-batch-items 1``; ``cache`` compares a miss with a hit of the same image, sequentially, and
+gives the hit p50 in absolute terms for a ~1 MB JPEG (1600x1200) sent as a data URI as well.
+Bounded by the request count; loopback only.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from bench.common import (
     histogram,
     jpeg_images,
     percentile,
+    run_load,
     service,
 )
 from bench.server_times import ServerTimes
@@ -63,7 +66,13 @@ def bare_pipeline(checkpoint: Path, images: list[bytes], batch_sizes: list[int],
 
 
 def paired_rounds(
-    checkpoint: Path, images: list[bytes], uris: list[str], concurrency: int, batch: int, rounds: int
+    checkpoint: Path,
+    images: list[bytes],
+    uris: list[str],
+    concurrency: int,
+    batch: int,
+    rounds: int,
+    loadgen_nice: int = 0,
 ) -> dict[str, Any]:
     """Bare pipeline and service taken in turns, round after round, over the same images.
 
@@ -92,7 +101,7 @@ def paired_rounds(
                 bare_forward_seconds += time.perf_counter() - forward_started
             bare = time.perf_counter() - started
             before = httpx.get(url + "/metrics").text
-            result = asyncio.run(drive(url, "/v1/encode", bodies, concurrency))
+            result = run_load(url, "/v1/encode", bodies, concurrency, nice=loadgen_nice)
             encoder_seconds += ServerTimes.between(before, httpx.get(url + "/metrics").text).encoder_s_total
             bare_images, bare_seconds = bare_images + count, bare_seconds + bare
             served, served_seconds = served + result.images, served_seconds + result.seconds
@@ -110,6 +119,7 @@ def paired_rounds(
         "service_forward_ms_per_image": round(encoder_seconds / served * 1000, 1),
         "bare_forward_share": round(bare_forward_seconds / bare_seconds, 3),
         "service_encoder_busy": round(encoder_seconds / served_seconds, 3),
+        "loadgen_nice": loadgen_nice,
     }
 
 
@@ -179,6 +189,12 @@ def main() -> None:
     parser.add_argument("--phases", default="bare,service,nobatch,cache")
     parser.add_argument("--rounds", type=int, default=4, help="paired phase: bare and service rounds, in turns")
     parser.add_argument("--paired-batch", type=int, default=1, help="paired phase's bare batch, without a bare phase")
+    parser.add_argument(
+        "--loadgen-nice",
+        type=int,
+        default=0,
+        help="paired phase: run the load generator at this niceness (a diagnostic: it shares the cores)",
+    )
     parser.add_argument("--out", type=Path, help="also write the results as JSON here")
     args = parser.parse_args()
 
@@ -215,7 +231,9 @@ def main() -> None:
         print("cache", json.dumps(results["cache"]), flush=True)
     if "paired" in phases:
         batch = results["bare"]["best_batch"] if "bare" in results else args.paired_batch
-        results["paired"] = paired_rounds(checkpoint, images, uris, args.concurrency, batch, args.rounds)
+        results["paired"] = paired_rounds(
+            checkpoint, images, uris, args.concurrency, batch, args.rounds, args.loadgen_nice
+        )
         print("paired", json.dumps(results["paired"]), flush=True)
     if "bare" in results and "service" in results:
         results["service_over_bare"] = round(results["service"]["images_per_s"] / results["bare"]["images_per_s"], 3)

@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -153,6 +154,24 @@ async def drive(
         await asyncio.gather(*(user() for _ in range(concurrency)))
         seconds = time.perf_counter() - started
     return LoadResult(len(latencies) * images_per_body, seconds, latencies, statuses)
+
+
+def run_load(url: str, path: str, bodies: Sequence[dict[str, Any]], concurrency: int, *, nice: int = 0) -> LoadResult:
+    """:func:`drive` to the end; with ``nice`` > 0, from a thread of its own at that niceness.
+
+    A diagnostic for a load generator that shares the server's cores: at a lower priority it yields
+    them to the server, as clients on other machines would. On Linux niceness is per thread, so the
+    rest of the bench (a bare pipeline in the main thread) keeps its own.
+    """
+    if nice <= 0:
+        return asyncio.run(drive(url, path, bodies, concurrency))
+
+    def at_lower_priority() -> LoadResult:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)  # 0: the calling thread, on Linux
+        return asyncio.run(drive(url, path, bodies, concurrency))
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(at_lower_priority).result()
 
 
 def histogram(metrics_text: str, name: str) -> dict[str, float]:
