@@ -9,14 +9,12 @@ images per second are higher:
 
 - every core for the forward: forward and the rest take turns (app/compute_gate.py), so an image costs
   ``forward_all + preprocess / cores``;
-- one thread: the forward runs on one core while the others preprocess, so an image costs
-  ``max(forward_one, preprocess / (cores - 1))``.
+- one thread: the forward runs on one core, and preprocessing on every core the forward leaves free
+  (the gate is open then), so an image costs ``max(forward_one, (forward_one + preprocess) / cores)``.
 
-A forward that runs clearly faster on every core (:data:`SCALING_FORWARD`) keeps them whatever the
-sum says: its products are large enough to split, the sum's side-by-side case assumes preprocessing
-never disturbs the forward (it does: bench/README.md), and the calibration's few samples on a noisy
-machine must not halve a large tower's speed. Both settings are timed in turns, so a machine that
-drifts during the calibration moves both alike.
+The two settings are timed in turns, each until it has had a few samples and a few tenths of a
+second, and the fastest sample of each counts: a machine that drifts during the calibration moves
+both alike, and a forward of a millisecond is timed often enough for its minimum to be its cost.
 """
 
 from __future__ import annotations
@@ -30,23 +28,21 @@ from PIL import Image
 
 from mmencode.models import EncoderAdapter
 
-__all__ = ["CALIBRATION_SIZE", "SCALING_FORWARD", "choose_forward_threads", "measure_forward_threads"]
+__all__ = ["CALIBRATION_SIZE", "choose_forward_threads", "measure_forward_threads"]
 
 logger = logging.getLogger("mmencode.worker")
 
 CALIBRATION_SIZE = 448  # a photo-sized input: every family resizes it as it would a real image
-# One thread's forward at least this many times all cores' (the mid tower: ~1.5): the cores stay.
-SCALING_FORWARD = 1.3
+_MIN_SAMPLES = 3
+_BUDGET_S = 0.3  # per setting; a large tower gets its minimum of samples
 
 
 def choose_forward_threads(*, cores: int, forward_one: float, forward_all: float, preprocess: float) -> int:
     """``cores`` or 1, from one image's times (seconds): the forward on one thread, on all, its preprocessing."""
     if cores <= 1:
         return 1
-    if forward_one >= SCALING_FORWARD * forward_all:
-        return cores
     taking_turns = forward_all + preprocess / cores
-    side_by_side = max(forward_one, preprocess / (cores - 1))
+    side_by_side = max(forward_one, (forward_one + preprocess) / cores)
     return 1 if side_by_side < taking_turns else cores
 
 
@@ -56,14 +52,17 @@ def measure_forward_threads(adapter: EncoderAdapter, cores: int, repeats: int = 
     image = Image.new("RGB", (CALIBRATION_SIZE, CALIBRATION_SIZE), (127, 64, 200))
     preprocess = _fastest(lambda: adapter.preprocess(image), repeats)
     item = adapter.preprocess(image)
-    for threads in (1, cores):
-        torch.set_num_threads(threads)
-        adapter.forward([item])  # the first forward at a thread count pays for setting it up
     times = {1: float("inf"), cores: float("inf")}
-    for _ in range(repeats):
+    spent = dict.fromkeys(times, 0.0)
+    samples = 0
+    while samples < _MIN_SAMPLES or min(spent.values()) < _BUDGET_S:
         for threads in times:  # in turns: a machine that drifts meanwhile moves both alike
             torch.set_num_threads(threads)
-            times[threads] = min(times[threads], _fastest(lambda: adapter.forward([item]), 1))
+            adapter.forward([item])  # the first forward after a change of thread count pays for the change
+            took = _fastest(lambda: adapter.forward([item]), 1)
+            times[threads] = min(times[threads], took)
+            spent[threads] += took
+        samples += 1
     chosen = choose_forward_threads(cores=cores, forward_one=times[1], forward_all=times[cores], preprocess=preprocess)
     torch.set_num_threads(chosen)
     logger.info(
