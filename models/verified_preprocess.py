@@ -34,6 +34,7 @@ __all__ = [
     "pil_resample",
     "probe_images",
     "require_own_steps",
+    "same_outputs",
     "value_table",
 ]
 
@@ -83,7 +84,7 @@ class VerifiedPreprocessor(abc.ABC):
         probes = [*(probe_images() if probes is None else probes), *fast.own_probes()]
         for probe in probes:
             try:
-                same = _same_outputs(fast.outputs(probe), processor(images=[probe], return_tensors="pt"))
+                same = same_outputs(fast.outputs(probe), processor(images=[probe], return_tensors="pt"))
             except Exception as exc:  # a probe these settings refuse must not fail the model's load
                 logger.warning(
                     "%s: a %dx%d probe image failed (%s: %s); preprocessing with transformers' processor",
@@ -105,7 +106,8 @@ class VerifiedPreprocessor(abc.ABC):
         return fast
 
 
-def _same_outputs(got: Mapping[str, torch.Tensor] | None, expected: Mapping[str, Any]) -> bool:
+def same_outputs(got: Mapping[str, torch.Tensor] | None, expected: Mapping[str, Any]) -> bool:
+    """Bit for bit: the same tensors under the same keys, each of the same dtype (never so when ``got`` is ``None``)."""
     if got is None or set(got) != set(expected):
         return False
     return all(got[key].dtype == expected[key].dtype and torch.equal(got[key], expected[key]) for key in expected)
