@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,13 +44,29 @@ from bench.common import (
 from bench.server_times import ServerTimes
 from mmencode.app.images import decode_image
 from mmencode.app.runtime import resolve_device
-from mmencode.models import load_encoder
+from mmencode.models import EncoderAdapter, load_encoder
+
+_SERVICE_OPTIONS = ("--cache-bytes", "0", "--max-queue", "100000", "--request-timeout", "600", "--log-level", "warning")
+
+
+def warm_adapter(checkpoint: Path, image: bytes, dtype: torch.dtype) -> EncoderAdapter:
+    """The checkpoint's encoder in this process, after one forward (which pays for first-call set-up)."""
+    adapter = load_encoder(checkpoint, device=resolve_device(None), dtype=dtype)
+    adapter.forward([adapter.preprocess(decode_image(image, max_pixels=10**9))])
+    return adapter
+
+
+@contextlib.contextmanager
+def warm_service(checkpoint: Path, bodies: list[dict[str, Any]], concurrency: int, *args: str) -> Iterator[str]:
+    """``mmencode serve`` with the cache off and no queue limit in the way, after a few warm-up requests."""
+    with service(checkpoint, *_SERVICE_OPTIONS, *args) as url:
+        asyncio.run(drive(url, "/v1/encode", bodies[: min(8, len(bodies))], min(4, concurrency)))
+        yield url
 
 
 def bare_pipeline(checkpoint: Path, images: list[bytes], batch_sizes: list[int], dtype: torch.dtype) -> dict[str, Any]:
     """Decode, preprocess and encode in this process, one batch after another: the service's ceiling."""
-    adapter = load_encoder(checkpoint, device=resolve_device(None), dtype=dtype)
-    adapter.forward([adapter.preprocess(decode_image(images[0], max_pixels=10**9))])  # warm-up
+    adapter = warm_adapter(checkpoint, images[0], dtype)
     per_batch: dict[int, float] = {}
     for size in batch_sizes:
         count = max(size, len(images) // size * size)
@@ -80,15 +98,12 @@ def paired_rounds(
     machines; in turns, both see the same drift. The server idles while the bare pipeline runs, and
     the other way round. The ratio is of the totals over every round.
     """
-    adapter = load_encoder(checkpoint, device=resolve_device(None), dtype=torch.float32)
-    adapter.forward([adapter.preprocess(decode_image(images[0], max_pixels=10**9))])  # warm-up
+    adapter = warm_adapter(checkpoint, images[0], torch.float32)
     bodies = [{"items": [{"image": uri}]} for uri in uris]
     bare_images, bare_seconds, bare_forward_seconds, served, served_seconds = 0, 0.0, 0.0, 0, 0.0
     encoder_seconds = 0.0
     per_round = []
-    options = ("--cache-bytes", "0", "--max-queue", "100000", "--request-timeout", "600", "--log-level", "warning")
-    with service(checkpoint, *options) as url:
-        asyncio.run(drive(url, "/v1/encode", bodies[: min(8, len(bodies))], min(4, concurrency)))  # warm-up
+    with warm_service(checkpoint, bodies, concurrency) as url:
         for _ in range(rounds):
             count = max(batch, len(images) // 2 // batch * batch)
             started = time.perf_counter()
@@ -125,9 +140,7 @@ def paired_rounds(
 
 def service_load(checkpoint: Path, uris: list[str], concurrency: int, *args: str) -> dict[str, Any]:
     bodies = [{"items": [{"image": uri}]} for uri in uris]
-    options = ("--cache-bytes", "0", "--max-queue", "100000", "--request-timeout", "600", "--log-level", "warning")
-    with service(checkpoint, *options, *args) as url:
-        asyncio.run(drive(url, "/v1/encode", bodies[: min(8, len(bodies))], min(4, concurrency)))  # warm-up
+    with warm_service(checkpoint, bodies, concurrency, *args) as url:
         before = httpx.get(url + "/metrics").text
         result = asyncio.run(drive(url, "/v1/encode", bodies, concurrency))
         after = httpx.get(url + "/metrics").text
