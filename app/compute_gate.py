@@ -75,8 +75,15 @@ class ComputeGate:
 class GatedThreadPool(ThreadPoolExecutor):
     """A thread pool whose every task holds the gate's shared side while it runs."""
 
-    def __init__(self, gate: ComputeGate, *, max_workers: int, thread_name_prefix: str = "") -> None:
-        super().__init__(max_workers=max_workers, thread_name_prefix=thread_name_prefix)
+    def __init__(
+        self,
+        gate: ComputeGate,
+        *,
+        max_workers: int,
+        thread_name_prefix: str = "",
+        initializer: Callable[[], object] | None = None,
+    ) -> None:
+        super().__init__(max_workers=max_workers, thread_name_prefix=thread_name_prefix, initializer=initializer)
         self.gate = gate
 
     def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:

@@ -24,6 +24,7 @@ from mmencode.app.integrations.sglang import SGLangEncoderBridge
 from mmencode.app.integrations.vllm import EncoderCacheWriter
 from mmencode.app.metrics import Metrics
 from mmencode.app.scheduler import Limits, Scheduler
+from mmencode.app.torch_threads import SerialTorchThreadPool, serial_torch_ops
 from mmencode.app.worker import EncoderWorker
 from mmencode.models import CheckpointError, EncoderAdapter, load_encoder
 from mmencode.models.tiny import build_tiny
@@ -105,8 +106,12 @@ class Runtime:
         self._scheduler: Scheduler | None = None
         # Closed (exclusive forwards) once the model is on the CPU; see exclusive_forward_on.
         self.compute_gate = ComputeGate(enabled=False)
+        # Its threads run torch ops serially: only the encoder's thread parallelises (app/torch_threads.py).
         self._pool = GatedThreadPool(
-            self.compute_gate, max_workers=settings.preprocess_workers, thread_name_prefix="mmencode-pre"
+            self.compute_gate,
+            max_workers=settings.preprocess_workers,
+            thread_name_prefix="mmencode-pre",
+            initializer=serial_torch_ops,
         )
         self.fetcher = ImageFetcher(
             timeout=settings.url_fetch_timeout,
@@ -143,6 +148,10 @@ class Runtime:
         """Load, warm up and start the worker; on failure ``on_failure`` is called and /ready stays 503."""
         # uvicorn says "startup complete" once HTTP is up; the model is only loading now.
         logger.info("loading the model from %s; /health answers now, /ready once it is loaded", self.model_dir)
+        # The event loop's thread and its default executor (loading, large answers, the shared cache)
+        # leave torch's parallel ops to the encoder's thread (app/torch_threads.py).
+        serial_torch_ops()
+        asyncio.get_running_loop().set_default_executor(SerialTorchThreadPool(thread_name_prefix="mmencode-io"))
         try:
             adapter = await asyncio.to_thread(self._load)
             self.compute_gate.enabled = exclusive_forward_on(self.settings.exclusive_forward, adapter.device)

@@ -1,0 +1,90 @@
+"""Only the encoder's thread parallelises torch ops: other threads never keep an OpenMP team.
+
+An idle team in a preprocessing thread puts libgomp over its core count, after which the forward's
+threads sleep at every barrier instead of spinning: the mid-size tower's forward was 15-50 % slower in
+the service than bare (app/torch_threads.py, bench/README.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from mmencode.app.runtime import Runtime
+from mmencode.app.torch_threads import SerialTorchThreadPool, serial_torch_ops
+from tests.helpers import data_uri, live_server, noise_image
+
+CORES = torch.get_num_threads()
+multicore = pytest.mark.skipif(CORES < 2, reason="torch runs one thread here: nothing to parallelise")
+
+
+def _os_threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def _large_parallel_op() -> None:
+    (torch.ones(4_000_000) * 2).sum()  # far above torch's grain size: split over an OpenMP team if allowed
+
+
+def test_a_serial_thread_runs_torch_on_one_thread_and_leaves_the_others_alone() -> None:
+    with SerialTorchThreadPool(max_workers=1) as pool:
+        assert pool.submit(torch.get_num_threads).result() == 1
+    with ThreadPoolExecutor(max_workers=1) as plain:
+        assert plain.submit(torch.get_num_threads).result() == CORES
+    assert torch.get_num_threads() == CORES
+
+
+@multicore
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts OS threads through /proc")
+def test_a_serial_thread_starts_no_openmp_team() -> None:
+    # The control: a plain thread that runs a large op keeps a team of OS threads while it lives.
+    with ThreadPoolExecutor(max_workers=1) as plain:
+        plain.submit(lambda: None).result()
+        before = _os_threads()
+        plain.submit(_large_parallel_op).result()
+        assert _os_threads() > before, "a plain thread's parallel op started no OpenMP threads: the check is blind"
+    with SerialTorchThreadPool(max_workers=1) as pool:
+        pool.submit(lambda: None).result()
+        before = _os_threads()
+        pool.submit(_large_parallel_op).result()
+        assert _os_threads() == before
+
+
+def test_serial_torch_ops_is_idempotent_and_results_are_unchanged() -> None:
+    expected = (torch.arange(1_000_000, dtype=torch.float64) * 3).sum()
+
+    def twice_then_compute() -> torch.Tensor:
+        serial_torch_ops()
+        serial_torch_ops()
+        return (torch.arange(1_000_000, dtype=torch.float64) * 3).sum()
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        assert torch.equal(pool.submit(twice_then_compute).result(), expected)
+
+
+@multicore
+def test_a_served_model_parallelises_only_in_the_encoders_thread(checkpoints: dict[str, Path], tmp_path: Path) -> None:
+    with live_server(model=checkpoints["qwen2_vl"], cache_dir=tmp_path, cpu_threads=CORES) as server:
+        response = httpx.post(
+            server.url + "/v1/encode", json={"items": [{"image": data_uri(noise_image(96, 64))}]}, timeout=60
+        )
+        assert response.status_code == 200, response.text
+        runtime: Runtime = server.server.config.app.state.runtime
+        worker = runtime.worker
+        assert worker is not None and worker._task is not None
+        loop = worker._task.get_loop()
+
+        async def in_the_loop_and_its_executor() -> tuple[int, int]:
+            return torch.get_num_threads(), await asyncio.to_thread(torch.get_num_threads)
+
+        loop_thread, default_executor = asyncio.run_coroutine_threadsafe(in_the_loop_and_its_executor(), loop).result()
+        preprocessing = runtime._pool.submit(torch.get_num_threads).result()
+        encoder = worker._executor.submit(torch.get_num_threads).result()
+    assert (loop_thread, default_executor, preprocessing) == (1, 1, 1)
+    assert encoder == worker.forward_threads == CORES
