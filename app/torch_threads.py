@@ -7,7 +7,7 @@ keeps such a team afterwards, idle. libgomp (torch's OpenMP on Linux) then manag
 there are cores, and from that moment every one of its threads, the forward's included, spins only a
 hundred times at a barrier before sleeping on a futex, instead of ~300,000: each of the thousands of
 barriers of a CPU forward waits for a wake-up. The mid-size tower's forward took 15-50 % longer in the
-service than the same forward in a process with one torch thread (bench/README.md).
+service than the same forward in a process where no other thread had run a torch op (bench/README.md).
 
 So the threads this process starts for anything but the forward (preprocessing, the event loop and its
 default executor) set their own OpenMP thread count to one: an OpenMP setting is per thread, so the
