@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 import pytest
@@ -20,8 +22,28 @@ from mmencode.app.runtime import Runtime
 from mmencode.app.torch_threads import SerialTorchThreadPool, serial_torch_ops
 from tests.helpers import data_uri, live_server, noise_image
 
+T = TypeVar("T")
+
 CORES = torch.get_num_threads()
 multicore = pytest.mark.skipif(CORES < 2, reason="torch runs one thread here: nothing to parallelise")
+
+
+def _in_a_new_thread(call: Callable[[], T]) -> T:
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(call).result()
+
+
+@pytest.fixture
+def process_wide_count() -> Iterator[int]:
+    """torch's process-wide thread count at CORES, as a fresh process has it; restored afterwards.
+
+    A new thread takes that count at its first torch call, and servers that earlier tests started have
+    set it (their calibration calls torch.set_num_threads in the encoder's thread).
+    """
+    before = _in_a_new_thread(torch.get_num_threads)
+    _in_a_new_thread(lambda: torch.set_num_threads(CORES))
+    yield CORES
+    _in_a_new_thread(lambda: torch.set_num_threads(before))
 
 
 def _os_threads() -> set[str]:
@@ -32,16 +54,17 @@ def _large_parallel_op() -> None:
     (torch.ones(4_000_000) * 2).sum()  # far above torch's grain size: split over an OpenMP team if allowed
 
 
-def test_a_serial_thread_runs_torch_on_one_thread_and_leaves_the_others_alone() -> None:
+def test_a_serial_thread_runs_torch_on_one_thread_and_leaves_the_others_alone(process_wide_count: int) -> None:
+    main_thread = torch.get_num_threads()
     with SerialTorchThreadPool(max_workers=1) as pool:
         assert pool.submit(torch.get_num_threads).result() == 1
-    with ThreadPoolExecutor(max_workers=1) as plain:
-        assert plain.submit(torch.get_num_threads).result() == CORES
-    assert torch.get_num_threads() == CORES
+    assert _in_a_new_thread(torch.get_num_threads) == process_wide_count
+    assert torch.get_num_threads() == main_thread
 
 
 @multicore
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts OS threads through /proc")
+@pytest.mark.usefixtures("process_wide_count")
 def test_a_serial_thread_starts_no_openmp_team() -> None:
     # The control: a plain thread that runs a large op keeps a team of OS threads while it lives.
     with ThreadPoolExecutor(max_workers=1) as plain:
