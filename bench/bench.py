@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import statistics
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,6 +41,7 @@ from bench.common import (
     percentile,
     run_load,
     service,
+    service_process,
 )
 from bench.server_times import ServerTimes
 from mmencode.app.images import decode_image
@@ -57,11 +59,14 @@ def warm_adapter(checkpoint: Path, image: bytes, dtype: torch.dtype) -> EncoderA
 
 
 @contextlib.contextmanager
-def warm_service(checkpoint: Path, bodies: list[dict[str, Any]], concurrency: int, *args: str) -> Iterator[str]:
-    """``mmencode serve`` with the cache off and no queue limit in the way, after a few warm-up requests."""
-    with service(checkpoint, *_SERVICE_OPTIONS, *args) as url:
+def warm_service(
+    checkpoint: Path, bodies: list[dict[str, Any]], concurrency: int, *args: str
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``mmencode serve`` with the cache off and no queue limit in the way, after a few warm-up requests;
+    yields its URL and its process."""
+    with service_process(checkpoint, *_SERVICE_OPTIONS, *args) as (url, process):
         asyncio.run(drive(url, "/v1/encode", bodies[: min(8, len(bodies))], min(4, concurrency)))
-        yield url
+        yield url, process
 
 
 def bare_pipeline(checkpoint: Path, images: list[bytes], batch_sizes: list[int], dtype: torch.dtype) -> dict[str, Any]:
@@ -103,7 +108,7 @@ def paired_rounds(
     bare_images, bare_seconds, bare_forward_seconds, served, served_seconds = 0, 0.0, 0.0, 0, 0.0
     encoder_seconds = 0.0
     per_round = []
-    with warm_service(checkpoint, bodies, concurrency) as url:
+    with warm_service(checkpoint, bodies, concurrency) as (url, _):
         for _ in range(rounds):
             count = max(batch, len(images) // 2 // batch * batch)
             started = time.perf_counter()
@@ -140,7 +145,7 @@ def paired_rounds(
 
 def service_load(checkpoint: Path, uris: list[str], concurrency: int, *args: str) -> dict[str, Any]:
     bodies = [{"items": [{"image": uri}]} for uri in uris]
-    with warm_service(checkpoint, bodies, concurrency, *args) as url:
+    with warm_service(checkpoint, bodies, concurrency, *args) as (url, _):
         before = httpx.get(url + "/metrics").text
         result = asyncio.run(drive(url, "/v1/encode", bodies, concurrency))
         after = httpx.get(url + "/metrics").text

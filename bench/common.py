@@ -64,6 +64,13 @@ def free_port() -> int:
 @contextlib.contextmanager
 def service(model: Path, *args: str, port: int | None = None) -> Iterator[str]:
     """``mmencode serve`` in a subprocess on loopback; yields its base URL once /ready is 200."""
+    with service_process(model, *args, port=port) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def service_process(model: Path, *args: str, port: int | None = None) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """:func:`service`, with the subprocess too: for a bench that reads its /proc entries."""
     port = port or free_port()
     command = [sys.executable, "-m", "mmencode", "serve", "--model", str(model), "--port", str(port), *args]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -73,7 +80,7 @@ def service(model: Path, *args: str, port: int | None = None) -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, process, log_path=Path(log.name))
-        yield url
+        yield url, process
     finally:
         process.terminate()
         try:

@@ -26,7 +26,7 @@ import httpx
 import numpy as np
 
 from bench.checkpoints import build_checkpoint
-from bench.common import data_uri, free_port, jpeg_images, service
+from bench.common import data_uri, jpeg_images, service_process
 
 BAD_BODIES: list[tuple[str, Any]] = [
     ("invalid_image", {"items": [{"image": base64.b64encode(b"<html>no</html>").decode()}]}),
@@ -165,37 +165,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.short:
         args.images = min(args.images, 6)
     checkpoint = build_checkpoint("tiny", args.root)
-    port = free_port()
     # Cache off: every good request must go through the queue and the encoder.
     options = ["--max-queue", str(args.max_queue), "--cache-bytes", "0", "--log-level", "warning"]
     options += ["--request-timeout", "30"]
-    with service(checkpoint, *options, port=port) as url:
-        pid = _server_pid(port)
-        report = asyncio.run(soak(url, pid, args))
+    with service_process(checkpoint, *options) as (url, process):
+        report = asyncio.run(soak(url, process.pid, args))
     print(json.dumps(report, indent=2))
     if args.out:
         args.out.write_text(json.dumps(report, indent=2))
     return 0 if report["ok"] else 1
-
-
-def _server_pid(port: int) -> int:
-    """The pid listening on ``port`` (the service subprocess), from /proc/net/tcp."""
-    import os
-
-    inode = None
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":
-                inode = fields[9]
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                if os.readlink(f"/proc/{pid}/fd/{fd}") == f"socket:[{inode}]":
-                    return int(pid)
-        except OSError:
-            continue
-    raise RuntimeError(f"no process listens on port {port}")
 
 
 if __name__ == "__main__":

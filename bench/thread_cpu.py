@@ -55,20 +55,6 @@ def thread_usage(pid: int) -> dict[int, ThreadUsage]:
     return usage
 
 
-def server_pid(url: str) -> int:
-    """The pid listening on ``url``'s port: the subprocess ``bench.common.service`` started."""
-    port = url.rsplit(":", 1)[1]
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                command = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-            except (FileNotFoundError, PermissionError):
-                continue
-            if b"serve" in command and b"--port" in command and port.encode() in command:
-                return int(entry)
-    raise LookupError(f"no mmencode serve process on port {port}")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", default="mid", help="tiny, mid, or a checkpoint directory")
@@ -84,8 +70,8 @@ def main() -> None:
     width, height = (int(v) for v in args.image_size.split("x"))
     images = encoded_images(args.requests, width, height, image_format=args.image_format)
     bodies = [{"items": [{"image": data_uri(image, f"image/{args.image_format}")}]} for image in images]
-    with warm_service(checkpoint, bodies, args.concurrency, *args.serve_args) as url:
-        pid = server_pid(url)
+    with warm_service(checkpoint, bodies, args.concurrency, *args.serve_args) as (url, process):
+        pid = process.pid
         metrics_before, threads_before = httpx.get(url + "/metrics").text, thread_usage(pid)
         own_before = resource.getrusage(resource.RUSAGE_SELF)
         started = time.perf_counter()
