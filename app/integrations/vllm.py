@@ -10,6 +10,11 @@ mmencode's item ``hash``.
 
 Writing is an optimisation beside the HTTP answer: a failure is logged and counted, never turned
 into a failed request.
+
+Modes follow the process umask, as any file the user downloads or copies does: under the usual 022,
+folders are 0755 and files 0644, so a consumer running as another uid (another container or pod) reads
+them. ``mkstemp`` alone would leave 0600; the file gets ``0666 & ~umask`` before it is renamed into place.
+Whoever wants them private (077) or group-writable (002) sets the umask of the mmencode process.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ class EncoderCacheWriter:
         self.root = root
         self.dtype = TORCH_DTYPES[dtype]
         self.metrics = metrics
+        # Read once, here (os.umask can only be read by setting it, which is not safe under threads).
+        self.file_mode = 0o666 & ~_process_umask()
 
     def path_for(self, item_hash: str) -> Path:
         return self.root / item_hash / EC_CACHE_FILENAME
@@ -66,6 +73,9 @@ class EncoderCacheWriter:
             os.close(fd)
             try:
                 save_file({EC_CACHE_KEY: tensor}, temp_name)
+                # After writing (safetensors may recreate the file): mkstemp's 0600 would shut out a
+                # consumer running as another uid.
+                os.chmod(temp_name, self.file_mode)
                 os.replace(temp_name, target)  # atomic on POSIX: readers see all or nothing
             except BaseException:
                 Path(temp_name).unlink(missing_ok=True)
@@ -84,3 +94,16 @@ class EncoderCacheWriter:
             return [None if item_hash is None else self.write(item_hash, rows) for item_hash, rows in items]
 
         return await asyncio.to_thread(run)
+
+
+def _process_umask() -> int:
+    """The process umask: /proc's copy where there is one (no race), else set-and-restore."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
