@@ -22,6 +22,9 @@ from mmencode.schemas.errors import ErrorType
 
 logger = logging.getLogger("mmencode.errors")
 
+# Probes and scrapes: answered every few seconds, logged at debug level (app/middleware.py too).
+PROBE_PATHS = frozenset({"/health", "/ready", "/metrics"})
+
 
 class ServiceError(Exception):
     status: ClassVar[int] = 500
@@ -210,7 +213,15 @@ async def _service_error(request: Request, exc: Exception) -> Response:
     if exc.status == 500:
         logger.error("request %s failed: %s: %s", request_id_of(request), exc.code, exc.message)
     elif exc.status > 500:
-        logger.warning("request %s refused: %s: %s", request_id_of(request), exc.code, exc.message)
+        # A readiness probe's 503 is its answer, not an incident: the runtime logs each phase change once.
+        probe = isinstance(exc, NotReady) and request.url.path in PROBE_PATHS
+        logger.log(
+            logging.DEBUG if probe else logging.WARNING,
+            "request %s refused: %s: %s",
+            request_id_of(request),
+            exc.code,
+            exc.message,
+        )
     return _render(request, exc)
 
 

@@ -17,7 +17,7 @@ from starlette.requests import ClientDisconnect
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mmencode.app.errors import InternalError, error_response
+from mmencode.app.errors import PROBE_PATHS, InternalError, error_response
 from mmencode.app.metrics import Metrics
 
 __all__ = ["RequestContextMiddleware"]
@@ -28,7 +28,7 @@ error_log = logging.getLogger("mmencode.errors")
 # A client-sent id is echoed only if it is short and printable, so it cannot forge log lines.
 _SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 # Probes and scrapes are not load: they stay out of the in-flight gauge that autoscalers read.
-_NOT_LOAD = frozenset({"/health", "/ready", "/metrics"})
+_NOT_LOAD = PROBE_PATHS
 
 
 class RequestContextMiddleware:
@@ -82,7 +82,11 @@ class RequestContextMiddleware:
             self.metrics.request_seconds.labels(route, method, str(status)).observe(elapsed)
             # A refused request names its error code; never a header (keys) or a body.
             code = state.get("error_code")
-            access_log.info(
+            # Probes and scrapes come every few seconds: at debug level, unless one fails unexpectedly
+            # (a 503 while loading or draining is expected; the phase changes are logged by the runtime).
+            quiet = not is_load and (status < 500 or code == "not_ready")
+            access_log.log(
+                logging.DEBUG if quiet else logging.INFO,
                 "%s %s %s %s %d items=%s tokens=%s %.1fms%s",
                 request_id,
                 _client(scope),
