@@ -71,7 +71,11 @@ def test_multi_gpu_profile_runs_one_process_per_gpu_on_the_shared_cache() -> Non
 
     balancer = services["lb"]
     mounted = {volume.split(":")[1] for volume in balancer["volumes"]}
-    assert [arg for arg in balancer["command"] if arg.startswith("/")] == sorted(mounted)
+    # Every file the command names is mounted, and so is the folder of JSON error pages the policy names.
+    assert "/usr/local/etc/haproxy/errors" in mounted
+    assert [arg for arg in balancer["command"] if arg.startswith("/")] == sorted(
+        mounted - {"/usr/local/etc/haproxy/errors"}
+    )
     servers = re.findall(r"^\s*server\s+\S+\s+(\S+):8000", (HAPROXY / "replicas.cfg").read_text(), re.M)
     assert sorted(servers) == sorted(replicas), "replicas.cfg names exactly the profile's replicas"
 
