@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
 import sys
@@ -16,7 +17,7 @@ from pydantic import ByteSize, ValidationError
 from pydantic_core import PydanticUndefined
 
 from mmencode.app import __version__
-from mmencode.app.config import Settings, unknown_environment
+from mmencode.app.config import Settings, misspelt_security_settings, unknown_environment
 from mmencode.models.catalog import TINY_FAMILIES, catalog_text
 
 __all__ = ["main"]
@@ -116,8 +117,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(path)
         return 0
 
+    security_typos = misspelt_security_settings(os.environ)
     for warning in unknown_environment(os.environ):
-        print(f"mmencode: warning: {warning}", file=sys.stderr)
+        if not any(typo.startswith(warning.split()[0] + " ") for typo in security_typos):
+            print(f"mmencode: warning: {warning}", file=sys.stderr)
     overrides = {
         name: value for name, value in vars(args).items() if name in Settings.model_fields and value is not None
     }
@@ -130,7 +133,42 @@ def main(argv: Sequence[str] | None = None) -> int:
             flag = f"--{where.replace('_', '-')}: " if where else ""
             print(f"mmencode: error: invalid setting {flag}{error['msg']}", file=sys.stderr)
         return 2
+    if security_typos:
+        if not settings.ignore_unknown_env:
+            for typo in security_typos:
+                print(f"mmencode: error: {typo}", file=sys.stderr)
+            print(
+                "mmencode: error: not starting; correct the variable's name, or pass --ignore-unknown-env "
+                "(MMENCODE_IGNORE_UNKNOWN_ENV=1) to start without it",
+                file=sys.stderr,
+            )
+            return 2
+        for typo in security_typos:
+            print(f"mmencode: warning: {typo} (starting anyway: --ignore-unknown-env)", file=sys.stderr)
+    public = public_bind_warning(settings)
+    if public is not None:
+        print(f"mmencode: WARNING: {public}", file=sys.stderr)
     return serve(settings)
+
+
+def public_bind_warning(settings: Settings) -> str | None:
+    """The one warning for a service that other hosts can reach with no API key; ``None`` otherwise."""
+    if _is_loopback(settings.host) or settings.api_keys():
+        return None
+    return (
+        f"NO API KEY on a public address: --host {settings.host} accepts connections from other hosts, and "
+        "without --api-key (MMENCODE_API_KEY, --api-key-file) anyone who reaches it can use the encoder and "
+        "fetch cached embeddings by hash. Set a key, or keep --host 127.0.0.1 behind a proxy that checks one"
+    )
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name other than localhost may resolve to any interface
 
 
 def serve(settings: Settings) -> int:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import re
@@ -13,7 +12,9 @@ from typing import Annotated, Any, Literal
 from pydantic import ByteSize, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-__all__ = ["Settings", "unknown_environment"]
+from mmencode.app.suggest import did_you_mean
+
+__all__ = ["SECURITY_SETTINGS", "Settings", "misspelt_security_settings", "unknown_environment"]
 
 MiB = 1024 * 1024
 
@@ -159,6 +160,12 @@ class Settings(BaseSettings):
     )
     ssl_certfile: Path | None = Field(default=None, description="PEM certificate (chain): serve HTTPS.")
     ssl_keyfile: Path | None = Field(default=None, description="PEM private key of --ssl-certfile.")
+    ignore_unknown_env: bool = Field(
+        default=False,
+        description="Start even if an MMENCODE_* variable that names no setting looks like a misspelt security "
+        "setting (MMENCODE_API_KEYS for MMENCODE_API_KEY, ...); without it such a typo stops the start, since "
+        "it would leave the service without the keys or TLS it names.",
+    )
 
     @field_validator("allowed_url_hosts", "api_key", mode="before")
     @classmethod
@@ -208,12 +215,37 @@ _SERVICE_LINK = re.compile(r"MMENCODE_(SERVICE_HOST|SERVICE_PORT(_\w+)?|PORT_\d+
 
 def unknown_environment(environ: Mapping[str, str], prefix: str = "MMENCODE_") -> list[str]:
     """A warning for each ``MMENCODE_*`` variable that names no setting (a typo would be ignored silently)."""
+    return [
+        f"{variable} is not an mmencode setting and is ignored" + (f"; did you mean {meant}?" if meant else "")
+        for variable, meant in _unknown_variables(environ, prefix)
+    ]
+
+
+# Settings whose typo would leave the service more open than the operator meant (no keys, no TLS).
+SECURITY_SETTINGS = ("api_key", "api_key_file", "ssl_certfile", "ssl_keyfile")
+
+
+def misspelt_security_settings(environ: Mapping[str, str], prefix: str = "MMENCODE_") -> list[str]:
+    """An error for each unknown ``MMENCODE_*`` variable that is closest to a security setting.
+
+    Ignored, ``MMENCODE_API_KEYS=secret`` would serve with no authentication: ``mmencode serve``
+    refuses to start on these unless ``--ignore-unknown-env`` (``MMENCODE_IGNORE_UNKNOWN_ENV=1``).
+    """
+    security = {prefix + name.upper() for name in SECURITY_SETTINGS}
+    return [
+        f"{variable} is not an mmencode setting; did you mean {meant}? Ignored, it would leave the service "
+        f"{'without TLS' if 'SSL' in meant else 'without API keys'}"
+        for variable, meant in _unknown_variables(environ, prefix)
+        if meant in security
+    ]
+
+
+def _unknown_variables(environ: Mapping[str, str], prefix: str) -> list[tuple[str, str | None]]:
+    """``(variable, the setting's variable it most likely meant)`` for each ``MMENCODE_*`` that names none."""
     known = {prefix + name.upper() for name in Settings.model_fields}
-    warnings = []
+    unknown = []
     for variable in sorted(name for name in environ if name.upper().startswith(prefix)):
         if variable.upper() in known or _SERVICE_LINK.fullmatch(variable.upper()):
             continue
-        close = difflib.get_close_matches(variable.upper(), known, n=1)
-        hint = f"; did you mean {close[0]}?" if close else ""
-        warnings.append(f"{variable} is not an mmencode setting and is ignored{hint}")
-    return warnings
+        unknown.append((variable, did_you_mean(variable.upper(), known)))
+    return unknown
