@@ -8,8 +8,8 @@ ENV PIP_NO_CACHE_DIR=1 \
     MMENCODE_CACHE_DIR=/var/cache/mmencode
 
 WORKDIR /srv/mmencode
-# torch first, pinned, so the layer is reused when only the service changes.
-RUN pip install "torch==2.13.0"
+# torch and torchvision first, pinned as a pair, so the layer is reused when only the service changes.
+RUN pip install "torch==2.14.1" "torchvision==0.29.1"
 COPY pyproject.toml README.md ./
 COPY app ./app
 COPY models ./models

