@@ -40,6 +40,12 @@ class Settings(BaseSettings):
         default="auto", description="Weights and compute dtype; auto: bfloat16 on CUDA, float32 on CPU."
     )
     cache_dir: Path = Field(default_factory=_default_cache_dir, description="Where the embedded model is built.")
+    image_processor_backend: Literal["auto", "pil", "torchvision"] = Field(
+        default="auto",
+        description="transformers' image processor implementation; auto: torchvision when it imports, as "
+        "transformers and vLLM choose, so the rows are the ones the LLM server computes. Match the server's: "
+        "vLLM with --mm-processor-kwargs '{\"use_fast\": false}' preprocesses with pil.",
+    )
 
     # --- HTTP ---
     host: str = Field(

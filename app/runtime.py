@@ -194,10 +194,11 @@ class Runtime:
         self.phase = Phase.READY
         scheme = "https" if self.settings.ssl_certfile is not None else "http"
         logger.info(
-            "ready: serving %s (%s, %s) on %s at %s://%s:%d (/ready answers 200 from now on)",
+            "ready: serving %s (%s, %s, %s image processor) on %s at %s://%s:%d (/ready answers 200 from now on)",
             self.model_name,
             adapter.family,
             str(adapter.dtype).removeprefix("torch."),
+            adapter.image_processor_backend,
             adapter.device,
             scheme,
             self.settings.host,
@@ -209,7 +210,12 @@ class Runtime:
             logger.info("building the embedded tiny model into %s", self.model_dir)
             build_tiny(self.model_dir, "qwen2_vl", overwrite=True)
         device = resolve_device(self.settings.device)
-        return load_encoder(self.model_dir, device=device, dtype=resolve_dtype(self.settings.dtype, device))
+        return load_encoder(
+            self.model_dir,
+            device=device,
+            dtype=resolve_dtype(self.settings.dtype, device),
+            image_processor_backend=self.settings.image_processor_backend,
+        )
 
     def _shared_cache(self, adapter: EncoderAdapter) -> SharedCache:
         settings = self.settings

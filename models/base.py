@@ -20,6 +20,7 @@ from PIL import Image
 from transformers import AutoConfig
 
 from mmencode.models.errors import MetadataError
+from mmencode.models.processor_backend import Backend, processor_class_for
 from mmencode.models.processor_config import ProcessorConfig, read_processor_config
 from mmencode.models.weights import KeyMap
 
@@ -53,6 +54,7 @@ class EncoderAdapter(abc.ABC):
     # Metadata fields a precomputed item must carry for its row count to be checked.
     required_metadata: ClassVar[tuple[str, ...]] = ()
     tower_class: ClassVar[type[torch.nn.Module]]
+    # The family's PIL image processor; the torchvision backend uses its counterpart (models.processor_backend).
     processor_class: ClassVar[type]
     # Where the encoder's weights may sit in a checkpoint: candidate key prefixes.
     weight_prefixes: ClassVar[tuple[str, ...]] = ("",)
@@ -70,6 +72,7 @@ class EncoderAdapter(abc.ABC):
         dtype: torch.dtype,
         fingerprint: str,
         processor_config: ProcessorConfig | None = None,
+        image_processor_backend: Backend = "pil",
     ) -> None:
         self.module = module
         self.processor = processor
@@ -81,6 +84,8 @@ class EncoderAdapter(abc.ABC):
         self.fingerprint = fingerprint
         # The checkpoint's processor-level settings (``image_seq_length``...), read, never hard-coded.
         self.processor_config = processor_config or ProcessorConfig(image_processor={})
+        # Which implementation ``processor`` is: part of the fingerprint, shown by /v1/models and /ready.
+        self.image_processor_backend = image_processor_backend
 
     @classmethod
     def load_config(cls, checkpoint: Path) -> Any:
@@ -93,9 +98,13 @@ class EncoderAdapter(abc.ABC):
         return read_processor_config(checkpoint)
 
     @classmethod
-    def build_processor(cls, config: ProcessorConfig) -> Any:
-        """The family's PIL image processor from the checkpoint's settings (never a torchvision class)."""
-        return cls.processor_class.from_dict(config.image_processor)  # type: ignore[attr-defined]
+    def build_processor(cls, config: ProcessorConfig, backend: Backend) -> Any:
+        """The family's image processor on ``backend``, from the checkpoint's settings.
+
+        The class the checkpoint names (``image_processor_type``) is never imported: a config naming a
+        torchvision class loads with the PIL backend where torchvision is missing.
+        """
+        return processor_class_for(cls.processor_class, backend).from_dict(config.image_processor)  # type: ignore[attr-defined]
 
     # ----- what the service needs to know -----
     @property

@@ -25,7 +25,8 @@ from transformers import Kimi_K25Config
 from transformers.models.kimi_k25.modeling_kimi_k25 import Kimi_K25MultimodalProjection, Kimi_K25VisionModel
 
 from mmencode.models.base import EncoderOutput, PreparedImage
-from mmencode.models.optional import require_torchvision
+from mmencode.models.optional import require_torchvision, require_torchvision_backend
+from mmencode.models.processor_backend import Backend
 from mmencode.models.processor_config import ProcessorConfig
 from mmencode.models.qwen2_vl import Qwen2VLAdapter
 from mmencode.models.weights import KeyMap, rotary_halves
@@ -112,8 +113,9 @@ class KimiAdapter(Qwen2VLAdapter):
         return super().load_config(checkpoint)
 
     @classmethod
-    def build_processor(cls, config: ProcessorConfig) -> Any:
+    def build_processor(cls, config: ProcessorConfig, backend: Backend) -> Any:
         require_torchvision(cls.family)
+        require_torchvision_backend(cls.family, backend)
         from transformers import Kimi_K25ImageProcessor
 
         return Kimi_K25ImageProcessor.from_dict(config.image_processor)

@@ -13,7 +13,7 @@ import importlib
 
 from mmencode.models.errors import CheckpointError
 
-__all__ = ["require_torchvision", "torchvision_problem"]
+__all__ = ["require_torchvision", "require_torchvision_backend", "torchvision_problem"]
 
 INSTALL_HINT = "install the matching pair, e.g. `pip install torch==2.14.1 torchvision==0.29.1`"
 
@@ -40,3 +40,12 @@ def require_torchvision(model_type: str) -> None:
     problem = torchvision_problem()
     if problem is not None:
         raise CheckpointError(_message(model_type, problem))
+
+
+def require_torchvision_backend(model_type: str, backend: str) -> None:
+    """Refuse ``--image-processor-backend pil`` for a family that has no PIL image processor."""
+    if backend != "torchvision":
+        raise CheckpointError(
+            f"model_type {model_type!r} has no PIL image processor in transformers, only a torchvision one: "
+            f"serve it with --image-processor-backend torchvision (or auto), not {backend}"
+        )

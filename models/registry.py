@@ -25,6 +25,7 @@ from mmencode.models.llava_next import LlavaNextAdapter
 from mmencode.models.llava_onevision import LlavaOnevisionAdapter
 from mmencode.models.mistral3 import Mistral3Adapter
 from mmencode.models.optional import require_torchvision
+from mmencode.models.processor_backend import BackendChoice, resolve_backend
 from mmencode.models.qwen2_vl import Qwen2_5_VLAdapter, Qwen2VLAdapter
 from mmencode.models.qwen3_vl import Qwen3_5Adapter, Qwen3VLAdapter
 from mmencode.models.step3 import Step3Adapter
@@ -134,15 +135,26 @@ def _family_of(checkpoint: Path) -> _Family:
     return family
 
 
-def load_encoder(checkpoint: Path | str, *, device: torch.device, dtype: torch.dtype) -> EncoderAdapter:
-    """Build the encoder of a local ``save_pretrained`` directory on ``device``; never the language model."""
+def load_encoder(
+    checkpoint: Path | str,
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    image_processor_backend: BackendChoice = "auto",
+) -> EncoderAdapter:
+    """Build the encoder of a local ``save_pretrained`` directory on ``device``; never the language model.
+
+    ``image_processor_backend`` ``auto`` preprocesses as transformers and vLLM do by default: with the
+    torchvision image processor where torchvision imports, else the PIL one.
+    """
     checkpoint = Path(checkpoint)
     family = _family_of(checkpoint)
     adapter_cls = family.adapter
+    backend = resolve_backend(image_processor_backend)
     config = adapter_cls.load_config(checkpoint)
     tower_config = family.tower_config(config)
     processor_config = adapter_cls.load_processor_config(checkpoint, config)
-    processor: Any = adapter_cls.build_processor(processor_config)
+    processor: Any = adapter_cls.build_processor(processor_config, backend)
 
     module: torch.nn.Module = adapter_cls.tower_class(tower_config)
     hasher = blake3.blake3()
@@ -153,16 +165,18 @@ def load_encoder(checkpoint: Path | str, *, device: torch.device, dtype: torch.d
     layout = load_encoder_weights(module, checkpoint, adapter_cls.weight_prefixes, hasher, adapter_cls.key_maps)
     # The compute dtype and the kind of device change the rows too (bf16 vs fp32; GPU vs CPU kernels):
     # a content hash is handed to vLLM as the item's `uuid`, so it must never name two sets of rows.
-    hasher.update(f"compute:{dtype};device:{device.type}".encode())
+    # So does the image processor's backend (PIL and torchvision resample differently).
+    hasher.update(f"compute:{dtype};device:{device.type};preprocess:{backend}".encode())
     module.requires_grad_(False)
     module.to(device=device, dtype=dtype).eval()
     logger.info(
-        "loaded %s encoder from %s (weights under %s) on %s as %s",
+        "loaded %s encoder from %s (weights under %s) on %s as %s, %s image processor",
         adapter_cls.family,
         checkpoint,
         layout,
         device,
         dtype,
+        backend,
     )
     return adapter_cls(
         module,
@@ -173,4 +187,5 @@ def load_encoder(checkpoint: Path | str, *, device: torch.device, dtype: torch.d
         dtype=dtype,
         fingerprint=hasher.hexdigest(),
         processor_config=processor_config,
+        image_processor_backend=backend,
     )

@@ -29,7 +29,8 @@ from transformers import Step3p7Config
 from transformers.models.step3p7.modeling_step3p7 import Step3p7VisionModel
 
 from mmencode.models.base import EncoderAdapter, EncoderOutput, PreparedImage
-from mmencode.models.optional import require_torchvision
+from mmencode.models.optional import require_torchvision, require_torchvision_backend
+from mmencode.models.processor_backend import Backend
 from mmencode.models.processor_config import ProcessorConfig
 from mmencode.models.weights import KeyMap, rotary_halves
 
@@ -112,8 +113,9 @@ class Step3Adapter(EncoderAdapter):
         return super().load_config(checkpoint)
 
     @classmethod
-    def build_processor(cls, config: ProcessorConfig) -> Any:
+    def build_processor(cls, config: ProcessorConfig, backend: Backend) -> Any:
         require_torchvision(cls.family)
+        require_torchvision_backend(cls.family, backend)
         from transformers.models.step3p7.image_processing_step3p7 import Step3p7ImageProcessor
 
         return Step3p7ImageProcessor.from_dict(config.image_processor)

@@ -46,6 +46,8 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "mmencode"
+    # "pil" or "torchvision": which image processor makes the rows (match the LLM server's); null while loading.
+    image_processor_backend: str | None = None
 
 
 class ModelList(BaseModel):

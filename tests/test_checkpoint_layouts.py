@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import Qwen2VLImageProcessorPil
+from transformers import Qwen2VLImageProcessor, Qwen2VLImageProcessorPil
 
 from mmencode.models import CheckpointError, EncoderAdapter, load_encoder
+from mmencode.models.processor_backend import Backend
 from mmencode.models.tiny import build_tiny
 from tests.families import opengvlab_to_transformers
 from tests.helpers import noise_image
@@ -67,7 +68,12 @@ def test_the_nested_processor_config_is_read_and_fingerprinted(nested: Path, tmp
     assert changed.fingerprint != original.fingerprint
 
 
-def test_a_config_naming_the_torchvision_processor_loads_the_pil_one(legacy: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("backend", "processor_class"), [("pil", Qwen2VLImageProcessorPil), ("torchvision", Qwen2VLImageProcessor)]
+)
+def test_a_config_naming_the_torchvision_processor_loads_the_chosen_backend(
+    legacy: Path, tmp_path: Path, backend: Backend, processor_class: type
+) -> None:
     # As the Qwen2-VL / Qwen3-VL repos ship it: the Fast class, and min/max_pixels instead of size.
     fast = tmp_path / "fast"
     shutil.copytree(legacy, fast)
@@ -77,10 +83,11 @@ def test_a_config_naming_the_torchvision_processor_loads_the_pil_one(legacy: Pat
         image_processor_type="Qwen2VLImageProcessorFast", min_pixels=56 * 56, max_pixels=28 * 28 * 16, merge_size=2
     )
     (fast / "preprocessor_config.json").write_text(json.dumps(settings))
-    adapter = _load(fast)
-    assert type(adapter.processor) is Qwen2VLImageProcessorPil
+    adapter = load_encoder(fast, device=CPU, dtype=torch.float32, image_processor_backend=backend)
+    assert type(adapter.processor) is processor_class
+    assert adapter.image_processor_backend == backend
     # The checkpoint's pixel budget, not a default: what the same settings give in transformers directly.
-    reference = Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=28 * 28 * 16, patch_size=14, merge_size=2)
+    reference = processor_class(min_pixels=56 * 56, max_pixels=28 * 28 * 16, patch_size=14, merge_size=2)
     for image in IMAGES:
         grid = reference(images=[image], return_tensors="pt")["image_grid_thw"][0].tolist()
         assert adapter.preprocess(image).metadata["image_grid_thw"] == grid

@@ -20,6 +20,8 @@ from mmencode.models.dynamic_preprocess import DynamicResolutionPreprocessor
 from tests.helpers import noise_image, preprocessing_images, transparent_rgb_image
 
 CPU = torch.device("cpu")
+# The fast paths stand in for the PIL processors; on the torchvision backend they step aside.
+PIL: dict[str, Any] = {"image_processor_backend": "pil"}
 CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
 CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
 
@@ -256,7 +258,7 @@ def test_a_probe_the_processor_refuses_keeps_transformers_instead_of_failing_the
 def test_images_not_plain_rgb_take_transformers_path(
     make: Callable[[], Image.Image], tiny_checkpoint: Callable[..., Path]
 ) -> None:
-    adapter = load_encoder(tiny_checkpoint("qwen2_vl"), device=CPU, dtype=torch.float32)
+    adapter = load_encoder(tiny_checkpoint("qwen2_vl"), device=CPU, dtype=torch.float32, **PIL)
     fast = adapter.fast_preprocessor  # type: ignore[attr-defined]
     assert fast is not None
     image = make()
@@ -272,7 +274,9 @@ def test_a_wrong_table_at_load_keeps_transformers(
 ) -> None:
     monkeypatch.setattr(dynamic_preprocess, "value_table", _one_ulp_off(1, 128))
     with caplog.at_level(logging.INFO, logger=dynamic_preprocess.__name__):
-        adapter = load_encoder(tiny_checkpoint("qwen2_vl"), device=CPU, dtype=torch.float32)
+        adapter = load_encoder(
+            tiny_checkpoint("qwen2_vl"), device=CPU, dtype=torch.float32, image_processor_backend="pil"
+        )
     assert adapter.fast_preprocessor is None  # type: ignore[attr-defined]
     assert "qwen2_vl encoder: the fast preprocessing path differs" in caplog.text
     image = IMAGES[0]
@@ -294,15 +298,29 @@ def test_a_wrong_table_at_load_keeps_transformers(
 def test_which_checkpoints_take_the_fast_path(
     family: str, options: dict[str, Any], fast: bool, tiny_checkpoint: Callable[..., Path]
 ) -> None:
-    adapter = load_encoder(tiny_checkpoint(family, **options), device=CPU, dtype=torch.float32)
+    adapter = load_encoder(
+        tiny_checkpoint(family, **options), device=CPU, dtype=torch.float32, image_processor_backend="pil"
+    )
     assert (adapter.fast_preprocessor is not None) is fast  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
+def test_the_fast_path_steps_aside_for_the_torchvision_processor(
+    family: str, tiny_checkpoint: Callable[..., Path]
+) -> None:
+    checkpoint = tiny_checkpoint(family)
+    adapter = load_encoder(checkpoint, device=CPU, dtype=torch.float32, image_processor_backend="torchvision")
+    assert adapter.fast_preprocessor is None  # type: ignore[attr-defined]
+    image = IMAGES[0]
+    expected = _reference(adapter.processor, image)
+    assert torch.equal(adapter.preprocess(image).tensors["pixel_values"], expected["pixel_values"])
 
 
 @pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
 def test_served_items_and_rows_are_the_same_with_the_fast_path_off(
     family: str, tiny_checkpoint: Callable[..., Path]
 ) -> None:
-    adapter = load_encoder(tiny_checkpoint(family), device=CPU, dtype=torch.float32)
+    adapter = load_encoder(tiny_checkpoint(family), device=CPU, dtype=torch.float32, **PIL)
     assert adapter.fast_preprocessor is not None  # type: ignore[attr-defined]
     images = [noise_image(120, 90, seed=1), noise_image(64, 200, seed=2), noise_image(333, 251, seed=3)]
     fast_items = [adapter.preprocess(image) for image in images]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from transformers import CLIPImageProcessorPil, CLIPVisionModel, SiglipImageProcessorPil
+from transformers import CLIPImageProcessor, CLIPImageProcessorPil, CLIPVisionModel, SiglipImageProcessorPil
 
 import mmencode.models.fixed_preprocess as fixed_preprocess
 from mmencode.models import load_encoder
@@ -18,6 +18,8 @@ from mmencode.models.fixed_preprocess import FixedResolutionPreprocessor
 from tests.helpers import data_uri, live_server, noise_image, preprocessing_images, rows_of, transparent_rgb_image
 
 CPU = torch.device("cpu")
+# The fast paths stand in for the PIL processors; on the torchvision backend they step aside.
+PIL: dict[str, Any] = {"image_processor_backend": "pil"}
 
 # Settings real checkpoints ship (OpenAI CLIP, SigLIP 224/384) and edge cases of each step.
 SETTINGS: list[tuple[type, dict[str, Any]]] = [
@@ -96,7 +98,7 @@ def test_a_probe_that_differs_by_one_ulp_keeps_transformers(
 ) -> None:
     monkeypatch.setattr(fixed_preprocess, "value_table", _one_ulp_off)
     with caplog.at_level(logging.INFO, logger=fixed_preprocess.__name__):
-        adapter = load_encoder(checkpoints["clip"], device=CPU, dtype=torch.float32)
+        adapter = load_encoder(checkpoints["clip"], device=CPU, dtype=torch.float32, **PIL)
     assert adapter.fast_preprocessor is None  # type: ignore[attr-defined]
     assert "differs from transformers'" in caplog.text
     image = IMAGES[0]
@@ -104,9 +106,17 @@ def test_a_probe_that_differs_by_one_ulp_keeps_transformers(
     assert torch.equal(adapter.preprocess(image).tensors["pixel_values"], expected)
 
 
+@pytest.mark.parametrize("name", ["clip", "siglip"])
+def test_the_fast_path_steps_aside_for_the_torchvision_processor(checkpoints: dict[str, Path], name: str) -> None:
+    adapter = load_encoder(checkpoints[name], device=CPU, dtype=torch.float32, image_processor_backend="torchvision")
+    assert adapter.fast_preprocessor is None  # type: ignore[attr-defined]
+    image = IMAGES[0]
+    assert torch.equal(adapter.preprocess(image).tensors["pixel_values"], _reference(adapter.processor, image))
+
+
 @pytest.mark.parametrize("name", ["clip", "clip-vision", "siglip", "siglip-vision"])
 def test_served_checkpoints_take_the_fast_path(checkpoints: dict[str, Path], name: str) -> None:
-    adapter = load_encoder(checkpoints[name], device=CPU, dtype=torch.float32)
+    adapter = load_encoder(checkpoints[name], device=CPU, dtype=torch.float32, **PIL)
     assert adapter.fast_preprocessor is not None  # type: ignore[attr-defined]
     for image in IMAGES[:6]:
         assert torch.equal(adapter.preprocess(image).tensors["pixel_values"], _reference(adapter.processor, image))
@@ -115,18 +125,24 @@ def test_served_checkpoints_take_the_fast_path(checkpoints: dict[str, Path], nam
 def test_an_rgb_image_naming_a_transparent_colour_is_composited_as_transformers_does(
     checkpoints: dict[str, Path],
 ) -> None:
-    adapter = load_encoder(checkpoints["clip"], device=CPU, dtype=torch.float32)
+    adapter = load_encoder(checkpoints["clip"], device=CPU, dtype=torch.float32, **PIL)
     image = transparent_rgb_image()
     expected = _reference(adapter.processor, image)  # the transparent half turns white
     assert torch.equal(adapter.preprocess(image).tensors["pixel_values"], expected)
 
 
-def test_rows_served_over_http_are_transformers_rows(checkpoints: dict[str, Path], tmp_path: Path) -> None:
-    """The reference: transformers' own processor and tower, nothing of the service."""
-    processor = CLIPImageProcessorPil.from_pretrained(checkpoints["clip"])
+@pytest.mark.parametrize(
+    ("backend", "processor_class"), [("pil", CLIPImageProcessorPil), ("torchvision", CLIPImageProcessor)]
+)
+def test_rows_served_over_http_are_transformers_rows(
+    checkpoints: dict[str, Path], tmp_path: Path, backend: str, processor_class: Any
+) -> None:
+    """The reference: transformers' own processor of that backend and tower, nothing of the service."""
+    processor = processor_class.from_pretrained(checkpoints["clip"])
     tower = CLIPVisionModel.from_pretrained(checkpoints["clip"]).eval()
     images = [noise_image(320, 240, seed=7), noise_image(50, 41, seed=8), noise_image(120, 300, seed=9)]
-    with live_server(model=checkpoints["clip"], cache_dir=tmp_path / "cache") as server, server.client() as client:
+    settings = {"model": checkpoints["clip"], "cache_dir": tmp_path / "cache", "image_processor_backend": backend}
+    with live_server(**settings) as server, server.client() as client:
         response = client.post("/v1/encode", json={"items": [{"image": data_uri(image)} for image in images]})
     assert response.status_code == 200, response.text
     with torch.inference_mode():  # one batch, as the service ran this request

@@ -80,4 +80,7 @@ def _say_images_only(error: ServiceError, inputs: list[str]) -> None:
 
 @router.get("/v1/models", response_model=ModelList, summary="The served model (OpenAI's list shape)")
 async def models(runtime: RuntimeDep) -> ModelList:
-    return ModelList(data=[ModelCard(id=runtime.model_name, created=runtime.started_at)])
+    backend = runtime.adapter.image_processor_backend if runtime.adapter is not None else None
+    return ModelList(
+        data=[ModelCard(id=runtime.model_name, created=runtime.started_at, image_processor_backend=backend)]
+    )

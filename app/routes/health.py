@@ -28,7 +28,13 @@ async def health() -> dict[str, str]:
 async def ready(runtime: RuntimeDep) -> dict[str, Any]:
     if not runtime.ready:
         raise NotReady(runtime.not_ready_reason(), details={"phase": runtime.phase.value})
-    return {"status": "ready", "model": runtime.model_name, "phase": runtime.phase.value}
+    assert runtime.adapter is not None  # ready means loaded
+    return {
+        "status": "ready",
+        "model": runtime.model_name,
+        "phase": runtime.phase.value,
+        "image_processor_backend": runtime.adapter.image_processor_backend,
+    }
 
 
 @router.get(
