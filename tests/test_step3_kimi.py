@@ -2,7 +2,7 @@
 
 Both need torchvision. Where it is missing (simulated here by blocking its import, so these run in
 every environment) a checkpoint is refused with one sentence naming it, by the loader and by
-``mmencode serve`` before it starts; the rest runs where torchvision imports (``make test-torchvision``).
+``mmencode serve`` before it starts; the rest runs where torchvision imports (the main environment).
 """
 
 from __future__ import annotations
