@@ -89,6 +89,7 @@ TINY_FAMILIES: tuple[str, ...] = (
     "llava_onevision",
     "mistral3",
     "qwen2_vl",
+    "qwen2_5_vl",
     "qwen3_5",
     "qwen3_vl",
     "siglip",

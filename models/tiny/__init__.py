@@ -24,7 +24,8 @@ from mmencode.models.tiny.common import (
 )
 from mmencode.models.tiny.internvl import internvl, internvl_chat, to_opengvlab_layout
 from mmencode.models.tiny.llava import gemma3, idefics3, llava_next, llava_onevision, mistral3, smolvlm
-from mmencode.models.tiny.qwen import glm4v, qwen2_vl, qwen3_5, qwen3_vl
+from mmencode.models.tiny.qwen import glm4v, qwen2_5_vl, qwen2_vl, qwen3_5, qwen3_vl
+from mmencode.models.tiny.servable import SERVABLE, servable_model, write_servable_files
 from mmencode.models.tiny.step3_kimi import kimi_k25, step3p7
 from mmencode.models.tiny.towers import clip, siglip
 
@@ -32,6 +33,7 @@ __all__ = ["FAMILIES", "Layout", "ProcessorLayout", "TinyProcessor", "build_tiny
 
 FAMILIES: dict[str, Callable[[Layout, int], tuple[PreTrainedModel, TinyProcessor]]] = {
     "qwen2_vl": qwen2_vl,
+    "qwen2_5_vl": qwen2_5_vl,
     "qwen3_vl": qwen3_vl,
     "qwen3_5": qwen3_5,
     "gemma3": gemma3,
@@ -62,6 +64,9 @@ def build_tiny(
 ) -> Path:
     """Write a tiny checkpoint of ``family`` to ``directory`` and return it.
 
+    ``layout``: ``full`` (the VLM), ``vision`` (the tower alone, where the family has one) or
+    ``servable``: the full VLM plus what an LLM server needs to serve it (tokenizer with the family's
+    special tokens, chat template, the whole processor, room for the rows; models/tiny/servable.py).
     ``processor_layout`` defaults to the family's own (``nested`` for families added with
     transformers 5); ``max_shard_size`` (e.g. ``"20KB"``) writes sharded safetensors with an index.
     A directory that holds anything is refused (``FileExistsError``) unless ``overwrite``: it could be a
@@ -72,8 +77,12 @@ def build_tiny(
     directory = Path(directory)
     if not overwrite and (directory.is_file() or (directory.is_dir() and any(directory.iterdir()))):
         raise FileExistsError(f"{directory} exists and is not empty")
+    if layout == "servable" and family not in SERVABLE:
+        raise ValueError(f"family {family!r} has no servable layout; choose from {sorted(SERVABLE)}")
     torch.manual_seed(0)  # construction-time init is overwritten below; this only keeps it quiet
-    model, processor = FAMILIES[family](layout, processor_merge_size)
+    model, processor = FAMILIES[family]("full" if layout == "servable" else layout, processor_merge_size)
+    if layout == "servable":
+        model = servable_model(model, SERVABLE[family])
     fill_deterministic(model)
     hf_logging.disable_progress_bar()
     with replaced_atomically(directory) as staging:
@@ -82,6 +91,8 @@ def build_tiny(
         else:
             model.save_pretrained(staging, max_shard_size=max_shard_size)
         processor.save(staging, processor_layout or processor.default_layout)
+        if layout == "servable":
+            write_servable_files(staging, SERVABLE[family], processor.processor_class)
         if family == "internvl_chat":
             to_opengvlab_layout(staging)
         _make_readable(staging)

@@ -29,7 +29,8 @@ __all__ = [
     "fill_deterministic",
 ]
 
-Layout = Literal["full", "vision"]
+# "servable": the full VLM plus a tokenizer, chat template and whole processor (models/tiny/servable.py).
+Layout = Literal["full", "vision", "servable"]
 # "nested": one processor_config.json with the image processor inside, as transformers 5 saves a whole
 # processor; "legacy": preprocessor_config.json (plus processor_config.json for processor-level settings).
 ProcessorLayout = Literal["nested", "legacy"]

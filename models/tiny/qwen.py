@@ -1,4 +1,4 @@
-"""Tiny Qwen-style dynamic-resolution VLMs: Qwen2-VL, Qwen3-VL, Qwen3.5, GLM-4.1V."""
+"""Tiny Qwen-style dynamic-resolution VLMs: Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, GLM-4.1V."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from transformers import (
     Glm4vForConditionalGeneration,
     Glm4vImageProcessorPil,
     PreTrainedModel,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
     Qwen2VLConfig,
     Qwen2VLForConditionalGeneration,
     Qwen2VLImageProcessorPil,
@@ -50,6 +52,33 @@ def qwen2_vl(layout: Layout, processor_merge_size: int) -> tuple[PreTrainedModel
         merge_size=processor_merge_size,
     )
     return model, TinyProcessor(processor, "Qwen2VLProcessor")
+
+
+def qwen2_5_vl(layout: Layout, processor_merge_size: int) -> tuple[PreTrainedModel, TinyProcessor]:
+    if layout != "full":
+        raise ValueError("tiny Qwen2.5-VL checkpoints come as full VLMs (the tower alone is qwen2_vl's layout)")
+    vision: dict[str, Any] = {
+        "depth": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "out_hidden_size": 64,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        # Windowed attention in block 0, full attention in block 1, as the released towers alternate.
+        "window_size": 56,
+        "fullatt_block_indexes": [1],
+    }
+    text = {**TEXT_CONFIG, "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}}
+    model = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(text_config=text, vision_config=vision))
+    processor = Qwen2VLImageProcessorPil(
+        size={"shortest_edge": 56 * 56, "longest_edge": 28 * 28 * 64},
+        patch_size=14,
+        temporal_patch_size=2,
+        merge_size=processor_merge_size,
+    )
+    return model, TinyProcessor(processor, "Qwen2_5_VLProcessor")
 
 
 def qwen3_vl(layout: Layout, processor_merge_size: int) -> tuple[PreTrainedModel, TinyProcessor]:
