@@ -8,16 +8,19 @@ anything unexpected, in the single error shape of ``schemas.errors``. Tracebacks
 from __future__ import annotations
 
 import logging
+import typing
 from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any, ClassVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from mmencode.app.metrics import Metrics
 from mmencode.app.responses import dumps_json
+from mmencode.app.suggest import did_you_mean
 from mmencode.schemas.errors import ErrorType
 
 logger = logging.getLogger("mmencode.errors")
@@ -179,12 +182,20 @@ def error_response(
     )
 
 
-def validation_error(problems: Sequence[Mapping[str, Any]], *, prefix: Sequence[str | int] = ()) -> ValidationFailed:
-    """A 422 listing every problem with its location, as pydantic reports them."""
+def validation_error(
+    problems: Sequence[Mapping[str, Any]],
+    *,
+    prefix: Sequence[str | int] = (),
+    model: type[BaseModel] | None = None,
+) -> ValidationFailed:
+    """A 422 listing every problem with its location, as pydantic reports them.
+
+    With the body's ``model``, a misspelt field (``extra_forbidden``) says which field it likely meant.
+    """
     listed = [
         {
             "loc": [*prefix, *problem.get("loc", ())],
-            "msg": str(problem.get("msg", "")),
+            "msg": str(problem.get("msg", "")) + _suggestion(problem, model),
             "type": str(problem.get("type", "")),
         }
         for problem in problems
@@ -196,6 +207,40 @@ def validation_error(problems: Sequence[Mapping[str, Any]], *, prefix: Sequence[
         param=where,
         details={"errors": listed},
     )
+
+
+def _suggestion(problem: Mapping[str, Any], model: type[BaseModel] | None) -> str:
+    """``"; did you mean `image`?"`` for an unknown field close to one its object has; else ``""``."""
+    loc = [part for part in problem.get("loc", ()) if part != "body"]
+    if model is None or problem.get("type") != "extra_forbidden" or not loc or not isinstance(loc[-1], str):
+        return ""
+    fields = _fields_at(model, loc[:-1])
+    meant = did_you_mean(loc[-1], fields) if fields else None
+    return f"; did you mean `{meant}`?" if meant else ""
+
+
+def _fields_at(model: type[BaseModel], loc: Sequence[Any]) -> list[str] | None:
+    """The field names of the object at ``loc`` inside ``model`` (list indices pass through)."""
+    current: type[BaseModel] | None = model
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = current.model_fields.get(str(part)) if current is not None else None
+        current = _model_in(field.annotation) if field is not None else None
+        if current is None:
+            return None
+    return list(current.model_fields) if current is not None else None
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model inside ``X``, ``X | None``, ``list[X]``, ``Annotated[X, ...]``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for argument in typing.get_args(annotation):
+        found = _model_in(argument)
+        if found is not None:
+            return found
+    return None
 
 
 def _param(loc: Sequence[Any]) -> str | None:

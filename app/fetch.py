@@ -218,7 +218,9 @@ class ImageFetcher:
             blocked = [address for address in addresses if not is_public_address(address)]
             if blocked:
                 raise UrlNotAllowed(
-                    f"{target.host!r} resolves to a non-public address ({blocked[0]})",
+                    f"{target.host!r} resolves to a non-public address ({blocked[0]}); to fetch from it, "
+                    f"start mmencode with --allowed-url-hosts {target.host} (this host only) or "
+                    "--allow-private-urls (every private address), or send the image itself",
                     details={"host": target.host, "addresses": blocked},
                 )
         return addresses

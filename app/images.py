@@ -137,7 +137,11 @@ def _too_many_pixels(said: str, pixels: int | None, max_pixels: int) -> PayloadT
     details: dict[str, object] = {"limit": "max_image_pixels", "max_pixels": max_pixels}
     if pixels is not None:
         details["pixels"] = pixels
-    return PayloadTooLarge(f"image is {said} pixels, over the limit of {max_pixels}", details=details)
+    return PayloadTooLarge(
+        f"image is {said} pixels, over the limit of {max_pixels}; send a smaller image, or raise "
+        "--max-image-pixels (MMENCODE_MAX_IMAGE_PIXELS)",
+        details=details,
+    )
 
 
 def _to_rgb(image: Image.Image) -> Image.Image:

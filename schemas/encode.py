@@ -62,6 +62,12 @@ class EncodeItem(BaseModel):
     def _has_a_source(self) -> EncodeItem:
         if self.image is None and self.precomputed_embedding is None and self.hash is None:
             raise ValueError("an item needs `image`, `hash` or `precomputed_embedding`")
+        if self.image is not None and self.hash is not None:
+            # Silently preferring one would hide a client bug (a stale hash, or an image sent in vain).
+            raise ValueError(
+                "an item takes `image` or `hash`, not both: `hash` alone reuses an earlier result without "
+                "sending the image again; drop one of them"
+            )
         return self
 
 

@@ -24,10 +24,12 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
 from mmencode.app.deps import RuntimeDep
-from mmencode.app.errors import PayloadTooLarge, ServiceError, validation_error
+from mmencode.app.errors import InvalidImage, PayloadTooLarge, ServiceError, validation_error
+from mmencode.app.images import is_url
 from mmencode.app.openapi import ERROR_RESPONSES, request_body
 from mmencode.app.routes.json_body import JiterRoute
 from mmencode.app.scheduler import ItemInput, ItemResult
+from mmencode.app.suggest import did_you_mean
 from mmencode.app.wire.encode_response import render_encode_response
 from mmencode.app.wire.negotiation import BINARY_MEDIA_TYPES, JSON_MEDIA_TYPE, SAFETENSORS_MEDIA_TYPE, negotiate
 from mmencode.schemas.encode import EncodeOptions, EncodeRequest, EncodeResponse
@@ -101,7 +103,11 @@ async def encode(request: Request, runtime: RuntimeDep) -> Response:
     runtime.check_model(options.model)
     media_type = _answer_media_type(options, request.headers.get("accept"))
     encoding_format = "safetensors" if media_type != JSON_MEDIA_TYPE else options.encoding_format
-    results = await runtime.scheduler.encode(items, options.precomputed)
+    try:
+        results = await runtime.scheduler.encode(items, options.precomputed)
+    except InvalidImage as error:
+        _say_images_only(error, items)
+        raise
     request.state.items = len(results)
     request.state.tokens = sum(r.num_tokens for r in results)
     answer = _answer(request.state.request_id, runtime.model_name, results)
@@ -126,6 +132,43 @@ async def encode(request: Request, runtime: RuntimeDep) -> Response:
     return Response(body, media_type=media_type, headers={"Vary": "Accept"})
 
 
+# Base64 never holds a space (line breaks at most), and no image file fits in a few characters.
+_BASE64_TEXT = re.compile(r"[A-Za-z0-9+/=_\-\r\n]*")
+_SHORTEST_IMAGE_BASE64 = 32
+
+
+def _say_images_only(error: InvalidImage, items: list[ItemInput]) -> None:
+    """Text sent as an image is the likeliest mistake: say so, as /v1/embeddings does, not "invalid base64"."""
+    where = re.fullmatch(r"items\[(\d+)\]\.image", error.param or "")
+    if where is None:
+        return
+    index = int(where.group(1))
+    source = items[index].image
+    if not isinstance(source, str) or is_url(source) or source[:5].lower() == "data:":
+        return
+    if _BASE64_TEXT.fullmatch(source.strip()) and len(source.strip()) >= _SHORTEST_IMAGE_BASE64:
+        return  # base64 of something that is not an image: the decoder's message says what it is
+    error.message = (
+        f"item {index}: items[{index}].image is not an image: this service encodes images only, not text. "
+        "Send each image as a data URI (data:image/png;base64,...), the file's bare base64, an http(s) URL, "
+        "or a multipart file part (-F image=@cat.jpg)"
+    )
+    error.details = {
+        **(error.details or {}),
+        "accepted": [
+            "data:image/...;base64 URI",
+            "bare base64 of the image file",
+            "http(s) image URL",
+            "multipart file",
+        ],
+    }
+
+
+def _did_you_mean(field: str) -> str:
+    meant = did_you_mean(field, ["image", *_MULTIPART_FIELDS])
+    return f"; did you mean `{meant}`?" if meant else ""
+
+
 def _answer_media_type(options: EncodeOptions, accept: str | None) -> str:
     """An explicit ``encoding_format`` decides; without one, ``Accept`` chooses JSON or safetensors."""
     if "encoding_format" in options.model_fields_set:
@@ -139,7 +182,7 @@ def _parse(raw: bytes | dict[str, Any]) -> EncodeRequest:
             return EncodeRequest.model_validate(raw)
         return EncodeRequest.model_validate_json(raw)
     except ValidationError as exc:
-        raise validation_error(exc.errors(include_url=False)) from None
+        raise validation_error(exc.errors(include_url=False), model=EncodeRequest) from None
 
 
 def _items(body: EncodeRequest) -> list[ItemInput]:
@@ -180,7 +223,7 @@ async def _image_parts(form: FormData, max_items: int) -> tuple[EncodeOptions, l
     uploads = [value for key, value in form.multi_items() if key == "image"]
     unknown = sorted({key for key in form if key != "image"} - _MULTIPART_FIELDS)
     problems: list[dict[str, Any]] = [
-        {"loc": [key], "msg": "unknown form field", "type": "extra_forbidden"} for key in unknown
+        {"loc": [key], "msg": "unknown form field" + _did_you_mean(key), "type": "extra_forbidden"} for key in unknown
     ]
     if not uploads:
         problems.append({"loc": ["image"], "msg": "at least one `image` file is required", "type": "missing"})
@@ -197,7 +240,7 @@ async def _image_parts(form: FormData, max_items: int) -> tuple[EncodeOptions, l
     try:
         options = EncodeOptions.model_validate({k: v for k, v in form.items() if k in _MULTIPART_FIELDS})
     except ValidationError as exc:
-        raise validation_error(exc.errors(include_url=False)) from None
+        raise validation_error(exc.errors(include_url=False), model=EncodeOptions) from None
     items = [ItemInput(image=await upload.read()) for upload in uploads if isinstance(upload, UploadFile)]
     return options, items
 
