@@ -1,12 +1,13 @@
 """Mistral 3 (Pixtral vision tower, patch merger, projector): dynamic resolution, metadata ``image_sizes``.
 
-The image processor resizes each image (aspect ratio kept, longest edge bounded) to multiples of the
-patch size; the tower embeds each image at its own size and attends within it, the projector's patch
-merger folds ``spatial_merge_size**2`` neighbours into one row. PixtralProcessor writes one ``[IMG]``
-per merged patch, an ``[IMG_BREAK]`` after each row of them and ``[IMG_END]`` last: the breaks and the
-end are text, not rows. An image of processed size ``(h, w)`` yields
-``(h // (patch * merge)) * (w // (patch * merge))`` rows; ``image_sizes`` ``[h, w]`` (the processed
-size, as the processor reports it and vLLM passes it) is the metadata a precomputed item must carry.
+The image processor resizes each image (aspect ratio kept, longest edge bounded) to multiples of
+``patch_size * spatial_merge_size``, as PixtralProcessor asks it to; the tower embeds each image at its
+own size and attends within it, the projector's patch merger folds ``spatial_merge_size**2`` neighbours
+into one row. PixtralProcessor writes one ``[IMG]`` per merged patch, an ``[IMG_BREAK]`` after each row
+of them and ``[IMG_END]`` last: the breaks and the end are text, not rows. An image of processed size
+``(h, w)`` yields ``(h // (patch * merge)) * (w // (patch * merge))`` rows; ``image_sizes`` ``[h, w]``
+(the processed size, as the processor reports it and vLLM passes it) is the metadata a precomputed item
+must carry.
 """
 
 from __future__ import annotations
@@ -67,7 +68,9 @@ class Mistral3Adapter(EncoderAdapter):
         return (height // self.tokens_side) * (width // self.tokens_side)
 
     def preprocess(self, image: Image.Image) -> PreparedImage:
-        out = self.processor(images=[image], return_tensors="pt")
+        # As PixtralProcessor calls its image processor: resized to multiples of patch * merge, not of
+        # the patch alone (a 37x101 image is 112x48, 21 rows; rounding to the patch gave 104x40, 12 rows).
+        out = self.processor(images=[image], return_tensors="pt", patch_size=self.tokens_side)
         height, width = (int(v) for v in out["image_sizes"][0])
         return PreparedImage(
             tensors={"pixel_values": out["pixel_values"], "image_sizes": torch.tensor([[height, width]])},

@@ -18,6 +18,7 @@ from transformers import (
     LlavaOnevisionForConditionalGeneration,
     LlavaOnevisionProcessor,
     Mistral3ForConditionalGeneration,
+    PixtralProcessor,
     SmolVLMForConditionalGeneration,
     SmolVLMProcessor,
 )
@@ -115,25 +116,32 @@ def _image_seq_len(length: int) -> Callable[[dict[str, Any]], None]:
 
 
 # ----- Mistral 3 -----
+def _pixtral_processor(adapter: EncoderAdapter) -> PixtralProcessor:
+    """The checkpoint's whole PixtralProcessor: it, not its image processor alone, decides the resize."""
+    settings = adapter.processor_config.processor
+    tokens = {name: settings[name] for name in ("image_token", "image_break_token", "image_end_token")}
+    return PixtralProcessor(
+        image_processor=adapter.processor,
+        tokenizer=tiny_tokenizer(**tokens),
+        patch_size=settings["patch_size"],
+        spatial_merge_size=settings["spatial_merge_size"],
+        **tokens,
+    )
+
+
 def _mistral3_reference(directory: Path, images: list[Image.Image], adapter: EncoderAdapter) -> list[torch.Tensor]:
-    inputs = adapter.processor(images=images, return_tensors="pt")  # padded to the largest, with image_sizes
+    text = ["[IMG]"] * len(images)
+    # Padded to the largest image, with image_sizes.
+    inputs = _pixtral_processor(adapter)(text=text, images=images, padding=True, return_tensors="pt")
     model = Mistral3ForConditionalGeneration.from_pretrained(directory).eval()
     with torch.inference_mode():
         return list(model.model.get_image_features(inputs["pixel_values"], inputs["image_sizes"]).pooler_output)
 
 
 def _mistral3_placeholders(adapter: EncoderAdapter, image: Image.Image) -> int:
-    # transformers' PixtralProcessor module does not import without torchvision. Its
-    # replace_image_token (models/pixtral/processing_pixtral.py, 5.24), line for line: one [IMG] per
-    # merged patch, an [IMG_BREAK] closing each row, the last one turned into [IMG_END].
-    settings = adapter.processor_config.processor
-    patch_size = settings["patch_size"] * settings["spatial_merge_size"]
-    height, width = adapter.processor(images=[image], return_tensors="pt")["image_sizes"][0].tolist()
-    num_height_tokens, num_width_tokens = height // patch_size, width // patch_size
-    replace_tokens = [["[IMG]"] * num_width_tokens + ["[IMG_BREAK]"]] * num_height_tokens
-    replace_tokens = [item for sublist in replace_tokens for item in sublist]
-    replace_tokens[-1] = "[IMG_END]"
-    return replace_tokens.count("[IMG]")
+    processor = _pixtral_processor(adapter)
+    input_ids = processor(text="[IMG]", images=[image], return_tensors="pt")["input_ids"][0]
+    return int((input_ids == processor.image_token_id).sum())
 
 
 def _spatial_merge_size_one(whole: dict[str, Any]) -> None:
