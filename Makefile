@@ -10,7 +10,7 @@ TORCH_VERSION ?= 2.14.1
 TORCHVISION_VERSION ?= 0.29.1
 TORCH_INDEX ?=
 
-.PHONY: serve test lint peers vllm-env test-fast
+.PHONY: serve test lint peers vllm-env test-fast gpu-wheels
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -65,3 +65,16 @@ vllm-env: $(VLLM_VENV)/.installed
 test: lint peers vllm-env
 	@bash .ci/system-deps  # redis-server, haproxy, kubectl: real servers the e2e tests start
 	$(BIN)/python -m pytest
+
+# Wheels for a GPU machine that downloads nothing (bench/README.md, "GPU run"): CPython 3.12, manylinux
+# x86_64, no dependencies resolved here (bench/gpu-wheels.txt lists exactly what that image lacks).
+GPU_WHEELS ?= .whl
+GPU_PLATFORMS := $(foreach tag,manylinux_2_28 manylinux_2_27 manylinux_2_26 manylinux_2_17 manylinux2014 manylinux1,--platform $(tag)_x86_64)
+
+$(GPU_WHEELS)/.downloaded: bench/gpu-wheels.txt
+	rm -rf $(GPU_WHEELS) && mkdir -p $(GPU_WHEELS)
+	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		$(GPU_PLATFORMS) -d $(GPU_WHEELS) -r bench/gpu-wheels.txt
+	touch $@
+
+gpu-wheels: $(GPU_WHEELS)/.downloaded
