@@ -18,7 +18,7 @@ from pydantic_core import PydanticUndefined
 
 from mmencode.app import __version__
 from mmencode.app.config import Settings, misspelt_security_settings, unknown_environment
-from mmencode.models.catalog import TINY_FAMILIES, catalog_text
+from mmencode.models.catalog import CATALOG, TINY_FAMILIES, catalog_text
 
 __all__ = ["main"]
 
@@ -80,18 +80,51 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_settings_flags(serve)
-    tiny = commands.add_parser("make-tiny", help="write a deterministic tiny checkpoint of one family")
-    tiny.add_argument("directory")
-    tiny.add_argument("--family", default="qwen2_vl", choices=TINY_FAMILIES)
-    tiny.add_argument("--layout", default="full", choices=["full", "vision"], help="full VLM, or the tower alone")
+    tiny = commands.add_parser(
+        "make-tiny",
+        help="write a deterministic tiny checkpoint of one family",
+        description="Write a tiny save_pretrained checkpoint of one family (seeded synthetic weights, its\n"
+        "processor config) for tests and trials; `mmencode serve --model DIRECTORY` serves it. Its vectors\n"
+        "mean nothing and its pixel budget is small.",
+        epilog=_tiny_families_text(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    tiny.add_argument("directory", help="where to write it; created if missing, refused if not empty (see --force)")
+    tiny.add_argument(
+        "--family",
+        default="qwen2_vl",
+        choices=TINY_FAMILIES,
+        metavar="FAMILY",
+        help=f"the model_type to build, one of: {', '.join(TINY_FAMILIES)} (default: qwen2_vl, the tower "
+        "`mmencode serve` builds when given no --model)",
+    )
+    tiny.add_argument(
+        "--layout",
+        default="full",
+        choices=["full", "vision"],
+        help="full: a whole VLM checkpoint's layout (tower under its prefix, as hub repos ship it); "
+        "vision: the tower alone (default: full)",
+    )
     tiny.add_argument("--force", action="store_true", help="replace DIRECTORY even if it is not empty")
     tiny.add_argument(
         "--processor-merge-size",
         type=int,
         default=2,
-        help="qwen2_vl only: the processor's merge_size (1 makes a deliberately mismatched checkpoint)",
+        help="qwen2_vl only: the processor's merge_size (1 makes a deliberately mismatched checkpoint; default: 2)",
     )
     return parser
+
+
+def _tiny_families_text() -> str:
+    """One line per family make-tiny builds: what a precomputed item carries, and how rows are counted."""
+    described = {info.model_type: info for info in CATALOG}
+    width = max(len(family) for family in TINY_FAMILIES)
+    lines = []
+    for family in TINY_FAMILIES:
+        info = described.get(family)
+        said = f"metadata: {info.metadata}; rows: {info.rows}".replace("`", "") if info else ""
+        lines.append(f"  {family:<{width}}  {said}{'  (default)' if family == 'qwen2_vl' else ''}")
+    return "families (--family):\n" + "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -111,7 +111,8 @@ def _family_of(checkpoint: Path) -> _Family:
             raise CheckpointError(
                 f"{text} is not a local directory; mmencode downloads nothing and loads save_pretrained "
                 f"directories only. If it is a Hugging Face model id, download it first: "
-                f"`hf download {text} --local-dir {local}` (older huggingface_hub: `huggingface-cli download`), "
+                f'`hf download {text} --include "*.json" "*.safetensors" --local-dir {local}` '
+                "(older huggingface_hub: `huggingface-cli download`; the include patterns skip pickled weights), "
                 f"then pass --model {local}"
             )
         raise CheckpointError(f"{checkpoint} does not exist; --model takes a local save_pretrained directory")

@@ -45,7 +45,11 @@ def _file(tmp_path: Path) -> Path:
 
 
 CASES: dict[str, tuple[Callable[[Path], str], list[str]]] = {
-    "hub id": (lambda _: "Qwen/Qwen2-VL-2B-Instruct", ["hf download Qwen/Qwen2-VL-2B-Instruct", "--local-dir"]),
+    "hub id": (
+        lambda _: "Qwen/Qwen2-VL-2B-Instruct",
+        # The README's download line, include patterns and all.
+        ['hf download Qwen/Qwen2-VL-2B-Instruct --include "*.json" "*.safetensors" --local-dir'],
+    ),
     "missing directory": (lambda p: str(p / "nowhere"), ["does not exist", "save_pretrained"]),
     "a file": (lambda p: str(_file(p)), ["is a file"]),
     "unsupported model_type": (lambda p: str(_unsupported(p)), ["'llama'", "not supported", "qwen2_vl"]),
