@@ -47,7 +47,13 @@ def test_compose_health_check_probes_readiness() -> None:
 
 def test_dockerfile_installs_the_pinned_torch_and_runs_the_service() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
-    assert 'pip install "torch==2.13.0"' in dockerfile
+    # The image gets the same torch/torchvision pair as `make` (one pair, or the rows would differ).
+    makefile = (ROOT / "Makefile").read_text()
+    torch_version = re.search(r"^TORCH_VERSION \?= (\S+)$", makefile, re.M)
+    torchvision_version = re.search(r"^TORCHVISION_VERSION \?= (\S+)$", makefile, re.M)
+    assert torch_version is not None and torchvision_version is not None
+    pair = f'pip install "torch=={torch_version.group(1)}" "torchvision=={torchvision_version.group(1)}"'
+    assert pair in dockerfile
     cmd = re.search(r"^CMD (\[.*\])$", dockerfile, re.M)
     assert cmd is not None
     assert yaml.safe_load(cmd.group(1)) == _service()["command"]
