@@ -34,9 +34,15 @@ CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+# Gemma's: content parts in order, the image's marker glued to the text. vLLM's Gemma 3 processor finds
+# the image's rows by the "\n\n" around them, which a newline of the template's own would merge into
+# one "\n\n\n" token.
 GEMMA = (
     "{{ bos_token }}{% for message in messages %}<start_of_turn>"
-    "{{ 'model' if message['role'] == 'assistant' else message['role'] }}\n{{ message['content'] }}<end_of_turn>\n"
+    "{{ 'model' if message['role'] == 'assistant' else message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}{% for item in message['content'] %}"
+    "{% if item['type'] == 'image' %}<start_of_image>{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<end_of_turn>\n"
     "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
 )
 
@@ -55,7 +61,7 @@ class ServableSpec:
     """What a family's servable checkpoint adds: its special tokens and where its config names them."""
 
     tokens: dict[int, str]  # id -> special token; ids below SPECIAL_SLOTS
-    config_ids: dict[str, int] = field(default_factory=dict)  # config attribute -> id (top level)
+    config_ids: dict[str, Any] = field(default_factory=dict)  # config attribute -> id or setting (top level)
     tokenizer_attributes: dict[str, str] = field(default_factory=dict)  # e.g. image_token -> "<image>"
     chat_template: str = CHATML
     bos: str | None = None
@@ -123,10 +129,13 @@ SERVABLE: dict[str, ServableSpec] = {
     ),
     "llava_onevision": ServableSpec(
         {**_CHATML_TOKENS, 5: "<image>", 6: "<video>"},
-        {"image_token_index": 5, "video_token_index": 6},
+        # vLLM 0.32 counts LLaVA-OneVision's rows with anyres_max_9 whatever the config says (the full
+        # layout's anyres_max_4 gives it more placeholders than rows), so the servable one uses 9.
+        {"image_token_index": 5, "video_token_index": 6, "vision_aspect_ratio": "anyres_max_9"},
         {"image_token": "<image>", "video_token": "<video>"},
         video_processor="LlavaOnevisionVideoProcessor",
         hub_vision_model=True,
+        processor_settings={"vision_aspect_ratio": "anyres_max_9"},
     ),
     "llava_next": ServableSpec(
         {**_CHATML_TOKENS, 5: "<image>"}, {"image_token_index": 5}, {"image_token": "<image>"}, hub_vision_model=True
