@@ -14,7 +14,7 @@ COPY pyproject.toml README.md ./
 COPY app ./app
 COPY models ./models
 COPY schemas ./schemas
-# The installed package: links to the three folders above (pyproject.toml), so a user's `app` is never shadowed.
+# The package's root; pyproject.toml installs the three folders above under it, so a user's `app` is never shadowed.
 COPY mmencode ./mmencode
 RUN pip install . && useradd --system --uid 10001 mmencode && mkdir -p /var/cache/mmencode \
     && chown mmencode /var/cache/mmencode

@@ -26,9 +26,16 @@ $(VENV)/.installed: pyproject.toml
 serve: $(VENV)/.installed
 	$(BIN)/mmencode serve
 
+# mypy finds packages through folders, not through the import hook of an editable install: it reads the
+# installed layout (mmencode/app is app/, ...) from links in an ignored folder (pyproject's mypy_path).
+TYPECHECK_TREE := build/typecheck
+
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	rm -rf $(TYPECHECK_TREE) && mkdir -p $(TYPECHECK_TREE)/mmencode
+	for part in app models schemas mmencode/__init__.py mmencode/__main__.py; do \
+		ln -s "$(CURDIR)/$$part" "$(TYPECHECK_TREE)/mmencode/$${part##*/}"; done
 	$(BIN)/mypy
 
 # vLLM and SGLang as test oracles, in their own venv: --no-deps beside the local CPU torch (never a CUDA

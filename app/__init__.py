@@ -1,3 +1,1 @@
-"""mmencode: an HTTP service that turns images into vision-encoder embeddings."""
-
-__version__ = "0.1.0"
+"""mmencode's HTTP service: routes, scheduler, worker, caches and integrations."""

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import ByteSize, ValidationError
 from pydantic_core import PydanticUndefined
 
-from mmencode.app import __version__
+from mmencode import __version__
 from mmencode.app.config import Settings, misspelt_security_settings, unknown_environment
 from mmencode.models.catalog import CATALOG, TINY_FAMILIES, catalog_text
 

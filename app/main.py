@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
-from mmencode.app import __version__
+from mmencode import __version__
 from mmencode.app.auth import ApiKeyMiddleware, is_protected
 from mmencode.app.body_limit import BodyLimitMiddleware
 from mmencode.app.config import Settings

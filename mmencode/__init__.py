@@ -1,10 +1,11 @@
 """mmencode: vision-encoder embeddings for multimodal LLM serving.
 
 The installed package. The repository keeps its three top-level folders (``app/``, ``models/``,
-``schemas/``); this folder links them in, so the distribution installs one top-level name and never an
-``app`` or ``models`` that could shadow a user's own.
+``schemas/``); pyproject.toml installs them as ``mmencode.app``, ``mmencode.models`` and
+``mmencode.schemas``, so the distribution has one top-level name and never an ``app`` or ``models`` that
+could shadow a user's own.
 """
 
-from mmencode.app import __version__
+__version__ = "0.1.0"  # the one source: pyproject.toml reads it
 
 __all__ = ["__version__"]
