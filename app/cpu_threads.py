@@ -1,20 +1,9 @@
 """How many of the CPU's cores a forward should use, when the model runs on the CPU.
 
-torch parallelises every op of a forward over all cores by default. That pays for a mid-size tower,
-whose matrix products are large; for a small one (a tiny CLIP, a few hundred kilobytes of weights)
-the ops are too small to split, and a forward on every core leaves no core for decoding, preprocessing
-and HTTP, which then cut into the forward (bench/README.md). Measured once at start: one forward of a
-448x448 image on one thread and on all, and the image's preprocessing; the choice is the one whose
-images per second are higher:
-
-- every core for the forward: forward and the rest take turns (app/compute_gate.py), so an image costs
-  ``forward_all + preprocess / cores``;
-- one thread: the forward runs on one core, and preprocessing on every core the forward leaves free
-  (the gate is open then), so an image costs ``max(forward_one, (forward_one + preprocess) / cores)``.
-
-The two settings are timed in turns, each until it has had a few samples and a few tenths of a
-second, and the fastest sample of each counts: a machine that drifts during the calibration moves
-both alike, and a forward of a millisecond is timed often enough for its minimum to be its cost.
+Every core pays for a large tower's forward; a small tower's ops are too small to split, and a forward
+on every core leaves none for decoding, preprocessing and HTTP. So the choice is measured once at start
+(one forward on one thread and on all, and one image's preprocessing) and the setting with the higher
+images per second wins; the cost model and the measurements are in bench/README.md, "Threads and cores".
 """
 
 from __future__ import annotations

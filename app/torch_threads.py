@@ -1,19 +1,9 @@
 """Only the encoder's thread runs torch ops in parallel; every other thread runs them on itself alone.
 
-torch splits a large op over ``torch.get_num_threads()`` OpenMP threads, and OpenMP gives each OS
-thread that starts a parallel region a team of worker threads of its own, kept for that thread's life.
-In the service, a preprocessing thread that converts one image to a tensor, or the loading thread,
-keeps such a team afterwards, idle. libgomp (torch's OpenMP on Linux) then manages more threads than
-there are cores, and from that moment every one of its threads, the forward's included, spins only a
-hundred times at a barrier before sleeping on a futex, instead of ~300,000: each of the thousands of
-barriers of a CPU forward waits for a wake-up. The mid-size tower's forward took 15-50 % longer in the
-service than the same forward in a process where no other thread had run a torch op (bench/README.md).
-
-So the threads this process starts for anything but the forward (preprocessing, the event loop and its
-default executor) set their own OpenMP thread count to one: an OpenMP setting is per thread, so the
-encoder's thread keeps its count. This also keeps a preprocessing pool of N threads from asking for
-N x cores OpenMP threads on a GPU machine, where the forward barely uses the CPU (torch's own
-DataLoader workers run with one torch thread for the same reason).
+OpenMP keeps a team of worker threads for every OS thread that ever ran a parallel torch op; idle teams
+in preprocessing or loading threads oversubscribe the cores and slow the encoder's forward, so every
+thread but the encoder's sets its own (per-thread) OpenMP count to one. The mechanism and the
+measurements are in bench/README.md, "Threads and cores".
 """
 
 from __future__ import annotations

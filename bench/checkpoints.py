@@ -1,8 +1,8 @@
 """Benchmark checkpoints: the tiny default, and a mid-size Qwen2-VL tower where the encoder dominates.
 
 The mid-size tower (6 blocks, width 320, ~8.5M parameters) on 336x336 images (576 patches, 144 rows)
-costs roughly 100-200 ms per image on two CPU cores: enough that HTTP, base64 and preprocessing are
-small beside the forward, as they are beside a real tower on a GPU.
+costs enough per image on a CPU (bench/README.md has the figures) that HTTP, base64 and preprocessing
+are small beside the forward, as they are beside a real tower on a GPU.
 """
 
 from __future__ import annotations

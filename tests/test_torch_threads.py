@@ -1,8 +1,8 @@
 """Only the encoder's thread parallelises torch ops: other threads never keep an OpenMP team.
 
 An idle team in a preprocessing thread puts libgomp over its core count, after which the forward's
-threads sleep at every barrier instead of spinning: the mid-size tower's forward was 15-50 % slower in
-the service than bare (app/torch_threads.py, bench/README.md).
+threads sleep at every barrier instead of spinning and the forward slows down (bench/README.md,
+"Threads and cores").
 """
 
 from __future__ import annotations
