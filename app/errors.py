@@ -3,6 +3,10 @@
 Every layer raises a :class:`ServiceError` subclass (a stable ``code``, an HTTP status, a message with
 the numbers, ``details``); the handlers here render all of them, FastAPI's validation errors and
 anything unexpected, in the single error shape of ``schemas.errors``. Tracebacks go to the log only.
+
+An error about one item of a request carries an :class:`ItemLocation` (the item's index and the field,
+as data); each front end names items its own way (``items[2].image``, ``input[2]``, SGLang's
+``mm_items[2].url``) through its :class:`ErrorLocator`, applied once, when the error is rendered.
 """
 
 from __future__ import annotations
@@ -10,7 +14,8 @@ from __future__ import annotations
 import logging
 import typing
 from collections.abc import Mapping, MutableMapping, Sequence
-from typing import Any, ClassVar
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Self
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -29,6 +34,49 @@ logger = logging.getLogger("mmencode.errors")
 PROBE_PATHS = frozenset({"/health", "/ready", "/metrics"})
 
 
+@dataclass(frozen=True, slots=True)
+class ItemLocation:
+    """Which item of a request an error is about, and which of its fields (the scheduler's names);
+    ``index`` None: the items as a whole (too many of them, say)."""
+
+    index: int | None
+    field: tuple[str | int, ...] = ("image",)
+    # The message and details already speak of the item (or of several): front ends add nothing.
+    named_in_message: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorLocator:
+    """How one front end names an item and its fields, in ``param`` and at the head of the message."""
+
+    collection: str  # "items", "input", "mm_items"
+    label: str  # the message's prefix: "item {index}", "input[{index}]"
+    # The scheduler's field names in this API: renamed, or None where the item itself is the field.
+    fields: Mapping[str, str | None] = field(default_factory=dict)
+
+    def param(self, location: ItemLocation) -> str:
+        if location.index is None:
+            return self.collection
+        path = f"{self.collection}[{location.index}]"
+        head, *rest = location.field
+        name = self.fields.get(str(head), str(head))
+        if name is None:
+            return path
+        for part in (name, *rest):
+            path += f"[{part}]" if isinstance(part, int) else f".{part}"
+        return path
+
+    def message(self, error: ServiceError) -> str:
+        location = error.location
+        if location is None or location.index is None or location.named_in_message:
+            return error.message
+        return f"{self.label.format(index=location.index)}: {error.message}"
+
+
+# /v1/encode's names, and the default for errors raised outside any front end's route.
+ENCODE_LOCATOR = ErrorLocator("items", "item {index}")
+
+
 class ServiceError(Exception):
     status: ClassVar[int] = 500
     code: ClassVar[str] = "internal_error"
@@ -39,14 +87,24 @@ class ServiceError(Exception):
         message: str,
         *,
         param: str | None = None,
+        location: ItemLocation | None = None,
         details: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
+        # A request-level field (``dimensions``, ``model``); item fields go in ``location``.
         self.param = param
+        self.location = location
         self.details = dict(details) if details is not None else None
         self.headers = dict(headers or {})
+
+    def at_item(self, index: int, field: tuple[str | int, ...] = ("image",)) -> Self:
+        """Attach where the error happened, as the layer that knows the item does; a location set by
+        the layer that raised (which knew the field better) is kept."""
+        if self.location is None and self.param is None:
+            self.location = ItemLocation(index, field)
+        return self
 
 
 class InvalidRequest(ServiceError):
@@ -147,9 +205,36 @@ def request_id_of(request: Request) -> str | None:
     return getattr(request.state, "request_id", None)
 
 
+def locate_errors_as(locator: ErrorLocator) -> Any:
+    """A router dependency: errors of this router's requests name items as ``locator`` does."""
+
+    async def locate(request: Request) -> None:
+        request.state.error_locator = locator
+
+    return locate
+
+
 def _render(request: Request, error: ServiceError) -> Response:
     state = request.scope.setdefault("state", {})
-    return error_response(error, request_id_of(request), getattr(request.app.state, "metrics", None), state=state)
+    locator = getattr(request.state, "error_locator", ENCODE_LOCATOR)
+    metrics = getattr(request.app.state, "metrics", None)
+    return error_response(error, request_id_of(request), metrics, state=state, locator=locator)
+
+
+def error_object(error: ServiceError, request_id: str | None, locator: ErrorLocator = ENCODE_LOCATOR) -> dict[str, Any]:
+    """The ``error`` object of the one error shape, with the item named as ``locator`` names it."""
+    location = error.location
+    details = error.details
+    if location is not None and location.index is not None and not location.named_in_message:
+        details = {"index": location.index, **(details or {})}
+    return {
+        "message": locator.message(error),
+        "type": error.type,
+        "code": error.code,
+        "param": locator.param(location) if location is not None else error.param,
+        "details": details,
+        "request_id": request_id,
+    }
 
 
 def error_response(
@@ -158,24 +243,15 @@ def error_response(
     metrics: Metrics | None = None,
     *,
     state: MutableMapping[str, Any] | None = None,
+    locator: ErrorLocator = ENCODE_LOCATOR,
 ) -> Response:
     """The error as a response. ``state`` (the ASGI scope's) records the code for the access line."""
     if metrics is not None:
         metrics.errors.labels(error.code).inc()
     if state is not None:
         state["error_code"] = error.code
-    body = {
-        "error": {
-            "message": error.message,
-            "type": error.type,
-            "code": error.code,
-            "param": error.param,
-            "details": error.details,
-            "request_id": request_id,
-        }
-    }
     return Response(
-        content=dumps_json(body),
+        content=dumps_json({"error": error_object(error, request_id, locator)}),
         status_code=error.status,
         media_type="application/json",
         headers=error.headers,
@@ -187,10 +263,12 @@ def validation_error(
     *,
     prefix: Sequence[str | int] = (),
     model: type[BaseModel] | None = None,
+    subject: str | None = None,
 ) -> ValidationFailed:
     """A 422 listing every problem with its location, as pydantic reports them.
 
-    With the body's ``model``, a misspelt field (``extra_forbidden``) says which field it likely meant.
+    With the body's ``model``, a misspelt field (``extra_forbidden``) says which field it likely meant;
+    ``subject`` (``"an SGLang 0.5.23 EncodeRequest"``) says what the body failed to be.
     """
     listed = [
         {
@@ -202,8 +280,9 @@ def validation_error(
     ]
     first = listed[0] if listed else {"loc": [], "msg": "invalid request"}
     where = _param(first["loc"])
+    summary = f"{len(listed)} problem(s) in the request; first: {where or 'body'}: {first['msg']}"
     return ValidationFailed(
-        f"{len(listed)} problem(s) in the request; first: {where or 'body'}: {first['msg']}",
+        f"not {subject}: {summary}" if subject else summary,
         param=where,
         details={"errors": listed},
     )

@@ -27,6 +27,9 @@ _WHITESPACE = re.compile(rb"\s+")
 _OPEN_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")  # the JPEG parser also opens MPO files
 _ALLOWED_FORMATS = frozenset({*_OPEN_FORMATS, "MPO"})
 _PILLOW_PIXELS = re.compile(r"\((\d+) pixels\)")
+# Base64 never holds a space (line breaks at most), and no image file fits in a few characters.
+_BASE64_TEXT = re.compile(r"[A-Za-z0-9+/=_\-\r\n]*")
+_SHORTEST_IMAGE_BASE64 = 32
 
 
 # Any "scheme:" but data: is a URL: base64 has no ':', and the fetcher refuses schemes other than http(s)
@@ -37,6 +40,23 @@ _URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
 def is_url(source: str) -> bool:
     match = _URL_SCHEME.match(source[:64])
     return match is not None and match.group().lower() != "data:"
+
+
+def _text_sent_as_image() -> InvalidImage:
+    """Text sent where an image goes is the likeliest mistake: say so, not "invalid base64"."""
+    return InvalidImage(
+        "not an image: this service encodes images only, not text. Send each image as a data URI "
+        "(data:image/png;base64,...), the file's bare base64, an http(s) URL, or a multipart file part "
+        "(-F image=@cat.jpg, /v1/encode)",
+        details={
+            "accepted": [
+                "data:image/...;base64 URI",
+                "bare base64 of the image file",
+                "http(s) image URL",
+                "multipart file (/v1/encode)",
+            ]
+        },
+    )
 
 
 def decode_base64_image(source: str, *, max_bytes: int) -> bytes:
@@ -52,6 +72,8 @@ def decode_base64_image(source: str, *, max_bytes: int) -> bytes:
         payload = source[match.end() :]
     elif source[:5].lower() == "data:":
         raise InvalidImage("malformed data URI")
+    elif len(source.strip()) < _SHORTEST_IMAGE_BASE64:
+        raise _text_sent_as_image()  # no image file fits in so few characters
     # Base64 grows data by 4/3: refuse before decoding what cannot fit (line breaks do not count).
     raw: str | bytes = payload
     if _decoded_size(raw) > max_bytes + 3:
@@ -67,6 +89,8 @@ def decode_base64_image(source: str, *, max_bytes: int) -> bytes:
     except (binascii.Error, ValueError) as exc:
         # Line breaks (MIME-style base64) are not data: strip them and try once more.
         stripped = _without_whitespace(raw)
+        if not match and not _BASE64_TEXT.fullmatch(source.strip()):
+            raise _text_sent_as_image() from None  # words and punctuation: text, not an image's base64
         if len(stripped) == len(raw):  # nothing to strip: the base64 itself is wrong
             raise InvalidImage(f"not valid base64 ({exc})") from None
         try:

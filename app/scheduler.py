@@ -20,6 +20,7 @@ from mmencode.app.cache import CachedEmbedding, TieredCache, content_hash
 from mmencode.app.errors import (
     InternalError,
     InvalidImage,
+    ItemLocation,
     MissingMetadata,
     NotReady,
     Overloaded,
@@ -121,7 +122,7 @@ class Scheduler:
         if len(items) > self.limits.max_items:
             raise PayloadTooLarge(
                 f"{len(items)} items, over the limit of {self.limits.max_items} per request",
-                param="items",
+                location=ItemLocation(None, ()),
                 details={"limit": "max_items_per_request", "max_items": self.limits.max_items, "items": len(items)},
             )
         precomputed = [i for i, item in enumerate(items) if item.embedding is not None]
@@ -130,7 +131,7 @@ class Scheduler:
             raise PartialPrecomputed(
                 f"items {precomputed} carry precomputed embeddings but items {missing} do not; send all or none, "
                 'or set "precomputed": "fill" to encode the missing ones',
-                param=f"items[{missing[0]}].precomputed_embedding",
+                location=ItemLocation(missing[0], ("precomputed_embedding",), named_in_message=True),
                 details={"precomputed": precomputed, "missing": missing},
             )
         results: dict[int, ItemResult] = {}
@@ -160,7 +161,7 @@ class Scheduler:
             raise MissingMetadata(
                 f"item {first['index']} has a precomputed embedding but no metadata.{first['field']}, which "
                 f"{self.adapter.family} models need to check its row count",
-                param=f"items[{first['index']}].metadata.{first['field']}",
+                location=ItemLocation(first["index"], ("metadata", first["field"]), named_in_message=True),
                 details={
                     "family": self.adapter.family,
                     "required": list(self.adapter.required_metadata),
@@ -170,8 +171,8 @@ class Scheduler:
         if malformed:
             first = malformed[0]
             raise ValidationFailed(
-                f"items[{first['index']}].metadata.{first['field']} {first['reason']}",
-                param=f"items[{first['index']}].metadata.{first['field']}",
+                f"metadata.{first['field']} {first['reason']}",
+                location=ItemLocation(first["index"], ("metadata", first["field"])),
                 details={
                     "errors": [
                         {"loc": ["items", e["index"], "metadata", e["field"]], "msg": e["reason"], "type": "metadata"}
@@ -183,16 +184,15 @@ class Scheduler:
 
     def _precomputed_result(self, index: int, item: ItemInput, expected_rows: int) -> ItemResult:
         assert item.embedding is not None
-        param = f"items[{index}].precomputed_embedding"
         expected = [expected_rows, self.adapter.hidden_size]
         if list(item.embedding.shape) != expected:
             raise PrecomputedShapeMismatch(
-                f"item {index}: precomputed embedding has shape {list(item.embedding.shape)}, "
+                f"precomputed embedding has shape {list(item.embedding.shape)}, "
                 f"but its metadata implies {expected} on this model",
-                param=f"{param}.shape",
+                location=ItemLocation(index, ("precomputed_embedding", "shape")),
                 details={"items": [{"index": index, "expected": expected, "given": list(item.embedding.shape)}]},
             )
-        rows = decode_precomputed(item.embedding, param=param, max_bytes=self.limits.max_embedding_bytes)
+        rows = decode_precomputed(item.embedding, index=index, max_bytes=self.limits.max_embedding_bytes)
         return ItemResult(index, "precomputed", None, dict(item.metadata), rows)
 
     # ----- raw items: hash, cache, decode, encode -----
@@ -218,9 +218,9 @@ class Scheduler:
                 results.append(ItemResult(index, "cache", key, dict(hit.value.metadata), hit.value.rows))
             elif data is None:
                 raise UnknownHash(
-                    f"item {index}: hash {key!r} is not in the cache; send the image instead",
-                    param=f"items[{index}].hash",
-                    details={"index": index, "hash": key},
+                    f"hash {key!r} is not in the cache; send the image instead",
+                    location=ItemLocation(index, ("hash",)),
+                    details={"hash": key},
                 )
             else:
                 pending.append(_Pending(index, key, data))
@@ -319,15 +319,11 @@ class Scheduler:
 
 
 async def _gather_in_order(indices: Sequence[int], awaitables: Sequence[Any]) -> list[Any]:
-    """Await all; if any failed, raise the failure of the lowest item index, naming the item."""
+    """Await all; if any failed, raise the failure of the lowest item index, located at that item."""
     outcomes = await asyncio.gather(*awaitables, return_exceptions=True)
     for index, outcome in zip(indices, outcomes, strict=True):
         if isinstance(outcome, ServiceError):
-            if outcome.param is None:
-                outcome.param = f"items[{index}].image"
-            outcome.details = {"index": index, **(outcome.details or {})}
-            outcome.message = f"item {index}: {outcome.message}"
-            raise outcome
+            raise outcome.at_item(index)
         if isinstance(outcome, BaseException):
             raise outcome
     return list(outcomes)

@@ -34,7 +34,15 @@ from typing import Any
 import torch
 import zmq
 
-from mmencode.app.errors import InternalError, InvalidImage, InvalidRequest, RequestTimeout, ServiceError
+from mmencode.app.errors import (
+    ErrorLocator,
+    InternalError,
+    InvalidImage,
+    InvalidRequest,
+    ItemLocation,
+    RequestTimeout,
+    ServiceError,
+)
 from mmencode.app.fetch import ImageFetcher
 from mmencode.app.images import decode_base64_image, is_url
 from mmencode.app.metrics import Metrics
@@ -42,7 +50,17 @@ from mmencode.app.scheduler import ItemInput, ItemResult
 from mmencode.app.wire.encodings import TORCH_DTYPES
 from mmencode.schemas.sglang import SGLangEncodeRequest, SGLangReceiveUrlRequest
 
-__all__ = ["EMBEDDING_DATA_CLASS", "MODALITY_CLASS", "ReceiverRegistry", "SGLangEncoderBridge", "embedding_frames"]
+__all__ = [
+    "EMBEDDING_DATA_CLASS",
+    "MODALITY_CLASS",
+    "SGLANG_LOCATOR",
+    "ReceiverRegistry",
+    "SGLangEncoderBridge",
+    "embedding_frames",
+]
+
+# SGLang's names: the request's `mm_items[i]`, whose image is its `url` and whose hash its `content_hash`.
+SGLANG_LOCATOR = ErrorLocator("mm_items", "mm_items[{index}]", {"image": "url", "hash": "content_hash"})
 
 logger = logging.getLogger("mmencode.sglang")
 
@@ -134,7 +152,7 @@ def embedding_frames(
 
 def error_frames(request: SGLangEncodeRequest, error: ServiceError) -> list[bytes | memoryview]:
     """The single frame of a failed part: ``error_code`` is the HTTP status mmencode answers with."""
-    message = f"{error.code}: {error.message}"
+    message = f"{error.code}: {SGLANG_LOCATOR.message(error)}"
     return [_pickle(_embedding_data(request, error_msg=message, error_code=error.status))]
 
 
@@ -305,14 +323,13 @@ class SGLangEncoderBridge:
             else:
                 data = decode_base64_image(url, max_bytes=self._max_image_bytes)
         except ServiceError as error:
-            error.param = error.param or f"mm_items[{index}].url"
-            raise
+            raise error.at_item(index) from None
         actual = "sha256:" + hashlib.sha256(data).hexdigest()
         if actual != expected.lower():
             raise InvalidImage(
-                f"mm_items[{index}]: content hash mismatch: expected {expected}, got {actual}",
-                param=f"mm_items[{index}].content_hash",
-                details={"index": index, "expected": expected, "actual": actual},
+                f"content hash mismatch: expected {expected}, got {actual}",
+                location=ItemLocation(index, ("hash",)),
+                details={"expected": expected, "actual": actual},
             )
         return ItemInput(image=data)
 

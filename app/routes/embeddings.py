@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import re
-
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from mmencode.app.deps import RuntimeDep
-from mmencode.app.errors import InvalidImage, ServiceError, UnsupportedParameter
-from mmencode.app.images import is_url
+from mmencode.app.errors import ErrorLocator, UnsupportedParameter, locate_errors_as
 from mmencode.app.openapi import ERROR_RESPONSES
 from mmencode.app.responses import JSONBytesResponse, l2_normalised_mean
 from mmencode.app.routes.json_body import JiterRoute
@@ -17,7 +14,11 @@ from mmencode.app.scheduler import ItemInput
 from mmencode.app.wire.b64 import encode_ascii
 from mmencode.schemas.embeddings import EmbeddingsRequest, EmbeddingsResponse, ModelCard, ModelList
 
-router = APIRouter(tags=["openai"], route_class=JiterRoute)
+# The caller names its images `input[i]`; the image is the input itself, not a field of it.
+EMBEDDINGS_LOCATOR = ErrorLocator("input", "input[{index}]", {"image": None})
+router = APIRouter(
+    tags=["openai"], route_class=JiterRoute, dependencies=[Depends(locate_errors_as(EMBEDDINGS_LOCATOR))]
+)
 
 
 @router.post(
@@ -37,14 +38,7 @@ async def embeddings(body: EmbeddingsRequest, request: Request, runtime: Runtime
             details={"requested": body.dimensions, "supported": [width]},
         )
     inputs = [body.input] if isinstance(body.input, str) else body.input
-    try:
-        results = await scheduler.encode([ItemInput(image=image) for image in inputs])
-    except ServiceError as error:
-        # The scheduler names items as /v1/encode does; here the caller sent `input`.
-        if error.param is not None:
-            error.param = re.sub(r"^items\[(\d+)\]\.image", r"input[\1]", error.param)
-        _say_images_only(error, inputs)
-        raise
+    results = await scheduler.encode([ItemInput(image=image) for image in inputs])
     tokens = sum(result.num_tokens for result in results)
     request.state.items, request.state.tokens = len(results), tokens
     data = []
@@ -60,22 +54,6 @@ async def embeddings(body: EmbeddingsRequest, request: Request, runtime: Runtime
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }
     )
-
-
-def _say_images_only(error: ServiceError, inputs: list[str]) -> None:
-    """Text sent to an embeddings endpoint is the likeliest mistake: say so, not "invalid base64"."""
-    where = re.fullmatch(r"input\[(\d+)\]", error.param or "")
-    if not isinstance(error, InvalidImage) or where is None:
-        return
-    index = int(where.group(1))
-    source = inputs[index]
-    if is_url(source) or source[:5].lower() == "data:":
-        return
-    error.message = (
-        f"input[{index}] is not an image: this service embeds images only, not text. Send each input as an "
-        "image URL (http or https) or a data URI (data:image/png;base64,...)"
-    )
-    error.details = {**(error.details or {}), "accepted": ["http(s) image URL", "data:image/...;base64 URI"]}
 
 
 @router.get("/v1/models", response_model=ModelList, summary="The served model (OpenAI's list shape)")

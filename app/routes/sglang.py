@@ -16,7 +16,8 @@ from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
 from mmencode.app.deps import RuntimeDep
-from mmencode.app.errors import ServiceError, validation_error
+from mmencode.app.errors import ServiceError, error_object, request_id_of, validation_error
+from mmencode.app.integrations.sglang import SGLANG_LOCATOR
 from mmencode.app.responses import JSONBytesResponse
 from mmencode.app.routes.json_body import JiterRoute
 from mmencode.schemas.sglang import SGLANG_VERSION, SGLangEncodeRequest, SGLangReceiveUrlRequest
@@ -53,9 +54,8 @@ def _parse(model: type[M], raw: bytes) -> M:
     try:
         return model.model_validate_json(raw)
     except ValidationError as exc:
-        error = validation_error(exc.errors(include_url=False))
-        error.message = f"not an SGLang {SGLANG_VERSION} {model.__name__.removeprefix('SGLang')}: {error.message}"
-        raise error from None
+        subject = f"an SGLang {SGLANG_VERSION} {model.__name__.removeprefix('SGLang')}"
+        raise validation_error(exc.errors(include_url=False), subject=subject) from None
 
 
 def _req_id_of(raw: bytes) -> Any:
@@ -67,19 +67,14 @@ def _req_id_of(raw: bytes) -> Any:
 
 
 def _error(request: Request, runtime: RuntimeDep, error: ServiceError, req_id: Any) -> Response:
+    """SGLang's failure answer, with mmencode's error object (items named as SGLang names them) beside it."""
     runtime.metrics.errors.labels(error.code).inc()
-    request_id = getattr(request.state, "request_id", None)
+    request.state.error_code = error.code
+    located = error_object(error, request_id_of(request), SGLANG_LOCATOR)
     body = {
         "status": "error",
-        "message": f"{error.code}: {error.message}",
+        "message": f"{error.code}: {located['message']}",
         "req_id": req_id if isinstance(req_id, str) else None,
-        "error": {
-            "message": error.message,
-            "type": error.type,
-            "code": error.code,
-            "param": error.param,
-            "details": error.details,
-            "request_id": request_id,
-        },
+        "error": located,
     }
     return JSONBytesResponse(body, status_code=error.status, headers=error.headers)
