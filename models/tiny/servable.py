@@ -34,6 +34,21 @@ CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+
+
+def chatml_with_image(marker: str) -> str:
+    """ChatML over content parts, ``marker`` where an image goes: for families whose vLLM model names no
+    placeholder of its own (Mistral 3) the template must put the processor's image token in."""
+    return (
+        "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+        "{% if message['content'] is string %}{{ message['content'] }}{% else %}{% for item in message['content'] %}"
+        f"{{% if item['type'] == 'image' %}}{marker}"
+        "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}"
+        "{% endfor %}{% endif %}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+
+
 # Gemma's: content parts in order, the image's marker glued to the text. vLLM's Gemma 3 processor finds
 # the image's rows by the "\n\n" around them, which a newline of the template's own would merge into
 # one "\n\n\n" token.
@@ -72,6 +87,8 @@ class ServableSpec:
     hub_vision_model: bool = False
     # Processor-level settings the server's processor reads and the full layout leaves at their defaults.
     processor_settings: dict[str, Any] = field(default_factory=dict)
+    # Text config settings a server's kernels need beyond the full layout's.
+    text_settings: dict[str, Any] = field(default_factory=dict)
 
 
 _CHATML_TOKENS = {0: "<|endoftext|>", 1: "<|im_start|>", 2: "<|im_end|>"}
@@ -89,7 +106,15 @@ SERVABLE: dict[str, ServableSpec] = {
     "qwen2_vl": ServableSpec(_QWEN_TOKENS, _QWEN_IDS, _QWEN_ATTRIBUTES, video_processor="Qwen2VLVideoProcessor"),
     "qwen2_5_vl": ServableSpec(_QWEN_TOKENS, _QWEN_IDS, _QWEN_ATTRIBUTES, video_processor="Qwen2VLVideoProcessor"),
     "qwen3_vl": ServableSpec(_QWEN_TOKENS, _QWEN_IDS, _QWEN_ATTRIBUTES, video_processor="Qwen3VLVideoProcessor"),
-    "qwen3_5": ServableSpec(_QWEN_TOKENS, _QWEN_IDS, _QWEN_ATTRIBUTES, video_processor="Qwen3VLVideoProcessor"),
+    "qwen3_5": ServableSpec(
+        _QWEN_TOKENS,
+        _QWEN_IDS,
+        _QWEN_ATTRIBUTES,
+        video_processor="Qwen3VLVideoProcessor",
+        # vLLM's CPU Gated DeltaNet kernel wants a released head size (16: "expect head_dim to be multiples of
+        # 32"; 32: "Unexpected head dim size, 32"); Qwen3.5 uses 128.
+        text_settings={"linear_key_head_dim": 128, "linear_value_head_dim": 128},
+    ),
     "glm4v": ServableSpec(
         {
             **_CHATML_TOKENS,
@@ -155,6 +180,7 @@ SERVABLE: dict[str, ServableSpec] = {
         {**_CHATML_TOKENS, 5: "[IMG]", 6: "[IMG_BREAK]", 7: "[IMG_END]"},
         {"image_token_index": 5},
         {"image_token": "[IMG]"},
+        chatml_with_image("[IMG]"),
     ),
     "internvl": ServableSpec(
         {**_CHATML_TOKENS, 5: "<IMG_CONTEXT>", 6: "<img>", 7: "</img>", 8: "<video>"},
@@ -181,6 +207,8 @@ def servable_model(model: PreTrainedModel, spec: ServableSpec) -> PreTrainedMode
     text.bos_token_id = _id_of(spec, spec.bos) if spec.bos else None
     text.eos_token_id = _id_of(spec, spec.eos)
     text.pad_token_id = 0
+    for name, value in spec.text_settings.items():
+        setattr(text, name, value)
     _fit_mrope(text)
     for name, value in spec.config_ids.items():
         setattr(config, name, value)
