@@ -33,7 +33,6 @@ import torch
 from bench.checkpoints import build_checkpoint
 from bench.common import (
     bucket_distribution,
-    data_uri,
     drive,
     encoded_images,
     histogram,
@@ -47,6 +46,7 @@ from bench.server_times import ServerTimes
 from mmencode.app.images import decode_image
 from mmencode.app.runtime import resolve_device
 from mmencode.models import EncoderAdapter, load_encoder
+from tests.support import data_uri
 
 _SERVICE_OPTIONS = ("--cache-bytes", "0", "--max-queue", "100000", "--request-timeout", "600", "--log-level", "warning")
 

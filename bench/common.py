@@ -1,9 +1,9 @@
-"""Shared pieces of the bench scripts: images, a service subprocess, a bounded async load generator."""
+"""Shared pieces of the bench scripts: images, a service subprocess, a bounded async load generator
+(ports, data URIs, readiness and rows come from tests/support.py, which the tests share)."""
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import io
 import os
@@ -24,6 +24,8 @@ import httpx
 import numpy as np
 import orjson
 from PIL import Image
+
+from tests.support import free_port, wait_ready
 
 
 def jpeg_images(count: int, width: int, height: int, seed: int = 0) -> list[bytes]:
@@ -46,19 +48,9 @@ def encoded_images(count: int, width: int, height: int, seed: int = 0, image_for
     return out
 
 
-def data_uri(image: bytes, mime: str = "image/jpeg") -> str:
-    return f"data:{mime};base64," + base64.b64encode(image).decode()
-
-
 def percentile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextlib.contextmanager
@@ -88,25 +80,6 @@ def service_process(model: Path, *args: str, port: int | None = None) -> Iterato
         except subprocess.TimeoutExpired:
             process.kill()
         log.close()
-
-
-def wait_ready(
-    url: str,
-    process: subprocess.Popen[bytes] | None = None,
-    timeout: float = 180,
-    log_path: Path | None = None,
-    path: str = "/ready",
-) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process is not None and process.poll() is not None:
-            tail = log_path.read_text()[-4000:] if log_path else ""
-            raise RuntimeError(f"server exited with {process.returncode}: {tail}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url + path, timeout=2).status_code == 200:
-                return
-        time.sleep(0.2)
-    raise TimeoutError(f"{url} not ready after {timeout}s")
 
 
 @dataclass

@@ -23,7 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.common import data_uri, drive, free_port, jpeg_images, service, wait_ready
+from bench.common import drive, jpeg_images, service
+from tests.support import data_uri, free_port, wait_ready
 
 HERE = Path(__file__).resolve().parent / "infinity"
 NAME = "infinity-clip"

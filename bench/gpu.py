@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import gc
 import io
 import json
@@ -44,7 +43,7 @@ import orjson
 import torch
 from PIL import Image
 
-from bench.common import data_uri, drive, jpeg_images, service
+from bench.common import drive, jpeg_images, service
 from bench.server_times import ServerTimes
 from bench.towers import TOWERS, build_tower
 from mmencode.app.images import decode_image
@@ -53,6 +52,7 @@ from mmencode.app.runtime import resolve_device
 from mmencode.app.wire.encodings import embedding_payload
 from mmencode.models import load_encoder
 from mmencode.models.base import EncoderAdapter, PreparedImage
+from tests.support import data_uri, decode_rows
 
 _MAX_PIXELS = 10**9
 # Bounds of a run: one GPU and 16 cores (about 1.5 minutes a tower), or --tiny on a CPU (about 20 s a tower).
@@ -140,22 +140,6 @@ def measure_bare(
         "best_batch": best,
         "images_per_s": round(per_batch[best], 2),
     }
-
-
-def decode_rows(embedding: dict[str, Any]) -> np.ndarray:
-    """What a client does with one item's ``embedding`` object: back to a float32 (rows, width) array."""
-    shape, data, dtype = embedding["shape"], embedding["data"], embedding["dtype"]
-    fmt = embedding["encoding_format"]
-    if fmt == "float":
-        return np.asarray(data, dtype=np.float32).reshape(shape)
-    raw = base64.b64decode(data)
-    if fmt == "pt":
-        return torch.load(io.BytesIO(raw), weights_only=True).float().numpy()
-    if fmt == "npy":
-        return np.load(io.BytesIO(raw), allow_pickle=False).astype(np.float32)
-    if dtype == "bfloat16":  # numpy has no bfloat16: its bits are a float32's upper half
-        return (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
-    return np.frombuffer(raw, dtype={"float32": "<f4", "float16": "<f2"}[dtype]).astype(np.float32).reshape(shape)
 
 
 def measure_transport(rows: torch.Tensor, encoding_format: str, dtype: str, repeats: int = 3) -> dict[str, Any]:

@@ -21,9 +21,10 @@ import redis
 import torch
 
 from bench.checkpoints import build_checkpoint
-from bench.common import data_uri, jpeg_images, percentile, redis_server, service
+from bench.common import jpeg_images, percentile, redis_server, service
 from mmencode.app.cache import CachedEmbedding
 from mmencode.app.cache.shared import encode_value
+from tests.support import data_uri
 
 
 def _post(client: httpx.Client, item: dict[str, str]) -> tuple[float, dict[str, Any]]:

@@ -26,7 +26,8 @@ import httpx
 import numpy as np
 
 from bench.checkpoints import build_checkpoint
-from bench.common import data_uri, jpeg_images, service_process
+from bench.common import jpeg_images, service_process
+from tests.support import data_uri, decode_rows
 
 BAD_BODIES: list[tuple[str, Any]] = [
     ("invalid_image", {"items": [{"image": base64.b64encode(b"<html>no</html>").decode()}]}),
@@ -45,18 +46,13 @@ def rss_kib(pid: int) -> int:
     return -1
 
 
-def rows(item: dict[str, Any]) -> np.ndarray:
-    embedding = item["embedding"]
-    return np.frombuffer(base64.b64decode(embedding["data"]), dtype="<f4").reshape(embedding["shape"])
-
-
 async def soak(url: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
     jpegs = jpeg_images(args.images, 256, 192, seed=5)
     references: list[np.ndarray] = []
     async with httpx.AsyncClient(base_url=url, timeout=120) as client:
         for jpeg in jpegs:
             response = await client.post("/v1/encode", json={"items": [{"image": data_uri(jpeg)}]})
-            references.append(rows(response.json()["items"][0]))
+            references.append(decode_rows(response.json()["items"][0]["embedding"]))
         given = {"precomputed_embedding": {"data": base64.b64encode(references[0].tobytes()).decode(),
                                            "shape": list(references[0].shape)}}  # fmt: skip
         bad = dict(BAD_BODIES)
@@ -120,7 +116,7 @@ async def soak(url: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
             if response.status_code == 200 and "json" in request and "items" in request["json"]:
                 for k, item in enumerate(body_json["items"]):
                     want = references[(index + k) % len(jpegs)]
-                    if not np.allclose(rows(item), want, atol=1e-4, rtol=0):
+                    if not np.allclose(decode_rows(item["embedding"]), want, atol=1e-4, rtol=0):
                         mismatched += 1
 
         async def user() -> None:

@@ -46,8 +46,9 @@ import torch
 from transformers import Qwen2VLVisionConfig
 
 from bench.checkpoints import qwen2_vl_tower
-from bench.common import data_uri, free_port, jpeg_images, percentile, wait_ready
+from bench.common import jpeg_images, percentile
 from mmencode.app.wire.encode_response import render_encode_response
+from tests.support import data_uri, free_port, wait_ready
 
 FORMATS = [
     ("base64 JSON float32", "base64", "float32"),

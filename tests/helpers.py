@@ -1,13 +1,12 @@
-"""Test helpers: images, data URIs, a real uvicorn server on a loopback port, wire decoding."""
+"""Test helpers: images, data URIs, a real uvicorn server on a loopback port, wire decoding (the parts the
+bench shares are in tests/support.py)."""
 
 from __future__ import annotations
 
 import base64
 import contextlib
 import io
-import socket
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +20,9 @@ from PIL import Image
 from mmencode.app.config import Settings
 from mmencode.app.images import decode_image
 from mmencode.app.main import create_app
+from tests import support
+from tests.support import free_port as free_port  # re-exported: the tests import it from here
+from tests.support import wait_ready as wait_ready
 
 
 def noise_image(width: int, height: int, seed: int = 0, mode: str = "RGB") -> Image.Image:
@@ -60,20 +62,12 @@ def image_bytes(image: Image.Image, fmt: str = "PNG") -> bytes:
 
 
 def data_uri(image: Image.Image, fmt: str = "PNG") -> str:
-    return f"data:image/{fmt.lower()};base64," + base64.b64encode(image_bytes(image, fmt)).decode()
+    return support.data_uri(image_bytes(image, fmt), f"image/{fmt.lower()}")
 
 
 def rows_of(item: dict[str, Any]) -> torch.Tensor:
     """The float32 rows of a response item, whatever its encoding."""
-    embedding = item["embedding"]
-    if embedding["encoding_format"] == "float":
-        return torch.tensor(embedding["data"], dtype=torch.float32)
-    raw = base64.b64decode(embedding["data"])
-    if embedding["dtype"] == "bfloat16":
-        tensor = torch.from_numpy(np.frombuffer(raw, dtype="<i2").copy()).view(torch.bfloat16).float()
-    else:
-        tensor = torch.from_numpy(np.frombuffer(raw, dtype="<f4" if embedding["dtype"] == "float32" else "<f2").copy())
-    return tensor.float().reshape(embedding["shape"])
+    return torch.from_numpy(support.decode_rows(item["embedding"]).copy())
 
 
 def precomputed(rows: torch.Tensor) -> dict[str, Any]:
@@ -92,12 +86,6 @@ def assert_error(response: httpx.Response, status: int, code: str) -> dict[str, 
     assert error["message"] and "Traceback" not in error["message"]
     assert error["request_id"] == response.headers["x-request-id"]
     return dict(error)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -127,20 +115,3 @@ def live_server(**settings: Any) -> Iterator[LiveServer]:
     finally:
         server.should_exit = True
         thread.join(timeout=60)
-
-
-def wait_ready(url: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    last = "no answer"
-    while time.monotonic() < deadline:
-        try:
-            response = httpx.get(url + "/ready", timeout=5)
-            if response.status_code == 200:
-                return
-            last = response.text
-            if response.json()["error"]["details"]["phase"] == "failed":
-                break
-        except httpx.HTTPError as exc:
-            last = repr(exc)
-        time.sleep(0.1)
-    raise TimeoutError(f"{url} not ready after {timeout}s: {last}")
