@@ -71,7 +71,11 @@ vllm-env: $(VLLM_VENV)/.installed
 
 test: lint peers vllm-env
 	@bash .ci/system-deps  # redis-server, haproxy, kubectl: real servers the e2e tests start
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest  # every marker: what CI runs
+
+# The part a developer runs while editing (under a minute): no real servers, peers, vLLM or slow tests.
+test-fast: $(VENV)/.installed
+	$(BIN)/python -m pytest -m "not e2e and not peers and not slow and not vllm"
 
 # Wheels for a GPU machine that downloads nothing (bench/README.md, "GPU run"): CPython 3.12, manylinux
 # x86_64, no dependencies resolved here (bench/gpu-wheels.txt lists exactly what that image lacks).

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import gc
 import ipaddress
 import logging
 import os
+import socket
 import sys
 import typing
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ByteSize, ValidationError
 from pydantic_core import PydanticUndefined
@@ -20,7 +24,10 @@ from mmencode import __version__
 from mmencode.app.config import Settings, misspelt_security_settings, unknown_environment
 from mmencode.models.catalog import CATALOG, TINY_FAMILIES, catalog_text
 
-__all__ = ["main"]
+if TYPE_CHECKING:
+    from mmencode.app.runtime import Runtime
+
+__all__ = ["main", "tuned_for_serving"]
 
 
 def _default_text(info: Any) -> str:
@@ -204,11 +211,45 @@ def _is_loopback(host: str) -> bool:
         return False  # a host name other than localhost may resolve to any interface
 
 
+@contextlib.contextmanager
+def tuned_for_serving(runtime: Runtime) -> Iterator[None]:
+    """What ``mmencode serve`` changes in its process for speed under load (bench/README.md), and
+    ``create_app`` never does: two apps in one process (tests) would change each other's. Enter it in the
+    thread that runs the event loop. The loop's default executor is replaced once it runs (``serve``).
+
+    - GC: what is alive once the model is loaded and warm (torch, transformers, the model: ~400k objects)
+      is frozen, out of every later collection's walk, which paused the event loop 0.2-0.5 s each time;
+      unfrozen on exit (the model may be garbage then, in a process that serves again);
+    - torch ops in this thread (the event loop's) run serially, as in every thread but the encoder's
+      (app/torch_threads.py); and MKL keeps the thread count each thread is given: ``torch.set_num_threads``
+      turns MKL's dynamic adjustment off (process-wide), and no thread of the service calls it any more.
+    """
+    import torch
+
+    from mmencode.app.torch_threads import serial_torch_ops
+
+    torch.set_num_threads(torch.get_num_threads())  # the same count, for its process-wide MKL setting
+    serial_torch_ops()
+    runtime.on_ready = freeze_loaded_objects
+    try:
+        yield
+    finally:
+        runtime.on_ready = None
+        gc.unfreeze()
+
+
+def freeze_loaded_objects() -> None:
+    """Move everything alive now out of GC's reach: a full collection then only walks what serving allocates."""
+    gc.collect()
+    gc.freeze()
+
+
 def serve(settings: Settings) -> int:
     import uvicorn
 
     from mmencode.app.main import create_app
     from mmencode.app.runtime import DRAIN_GRACE_S, Phase
+    from mmencode.app.torch_threads import SerialTorchThreadPool
     from mmencode.models import CheckpointError, check_checkpoint
 
     if settings.model is not None:
@@ -231,6 +272,11 @@ def serve(settings: Settings) -> int:
             runtime.begin_drain()
             super().handle_exit(sig, frame)
 
+        async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+            # What reaches the loop's default executor (asyncio.to_thread) runs torch ops serially too.
+            asyncio.get_running_loop().set_default_executor(SerialTorchThreadPool(thread_name_prefix="mmencode-aio"))
+            await super().serve(sockets)
+
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -249,7 +295,8 @@ def serve(settings: Settings) -> int:
         server.should_exit = True
 
     runtime.on_failure = stop_on_load_failure
-    server.run()
+    with tuned_for_serving(runtime):
+        server.run()
     if runtime.phase is Phase.FAILED:
         print(f"mmencode: error: the model failed to load: {runtime.failure}", file=sys.stderr)
         return 1

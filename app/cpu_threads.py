@@ -12,9 +12,9 @@ import logging
 import time
 from collections.abc import Callable
 
-import torch
 from PIL import Image
 
+from mmencode.app.torch_threads import torch_threads_here
 from mmencode.models import EncoderAdapter
 
 __all__ = ["CALIBRATION_SIZE", "choose_forward_threads", "measure_forward_threads"]
@@ -37,7 +37,7 @@ def choose_forward_threads(*, cores: int, forward_one: float, forward_all: float
 
 def measure_forward_threads(adapter: EncoderAdapter, cores: int, repeats: int = 3) -> int:
     """Time the adapter and set torch's threads to the better choice. Call it from the encoder's thread:
-    torch's thread count belongs to the thread that sets it."""
+    the count is set for the calling thread only (``torch_threads_here``)."""
     image = Image.new("RGB", (CALIBRATION_SIZE, CALIBRATION_SIZE), (127, 64, 200))
     preprocess = _fastest(lambda: adapter.preprocess(image), repeats)
     item = adapter.preprocess(image)
@@ -46,14 +46,14 @@ def measure_forward_threads(adapter: EncoderAdapter, cores: int, repeats: int = 
     samples = 0
     while samples < _MIN_SAMPLES or min(spent.values()) < _BUDGET_S:
         for threads in times:  # in turns: a machine that drifts meanwhile moves both alike
-            torch.set_num_threads(threads)
+            torch_threads_here(threads)
             adapter.forward([item])  # the first forward after a change of thread count pays for the change
             took = _fastest(lambda: adapter.forward([item]), 1)
             times[threads] = min(times[threads], took)
             spent[threads] += took
         samples += 1
     chosen = choose_forward_threads(cores=cores, forward_one=times[1], forward_all=times[cores], preprocess=preprocess)
-    torch.set_num_threads(chosen)
+    torch_threads_here(chosen)
     logger.info(
         "CPU forward threads: %d of %d (a %dx%d image: forward %.1f ms on 1 thread, %.1f ms on %d; "
         "preprocessing %.1f ms)",

@@ -1,10 +1,13 @@
-"""Assembles the application: ``create_app(settings)`` is the only place serving objects are built."""
+"""Assembles the application: ``create_app(settings)`` is the only place serving objects are built.
+
+It changes nothing outside the app (GC, the event loop's executor, other threads' torch settings):
+process-wide tuning is `mmencode serve`'s (app/cli.py), so several apps can live in one process.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
@@ -27,15 +30,10 @@ __all__ = ["create_app"]
 def create_app(settings: Settings) -> FastAPI:
     runtime = Runtime(settings)
 
-    async def load() -> None:
-        await runtime.start()
-        if runtime.ready:
-            _freeze_loaded_objects()
-
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # Load in the background: /health answers while the model loads, /ready waits for it.
-        loading = asyncio.create_task(load(), name="mmencode-load")
+        loading = asyncio.create_task(runtime.start(), name="mmencode-load")
         try:
             yield
         finally:
@@ -44,8 +42,6 @@ def create_app(settings: Settings) -> FastAPI:
                 with contextlib.suppress(asyncio.CancelledError):
                     await loading
             await runtime.stop()
-            # What was frozen may be garbage now (the model, in a process that builds apps again).
-            gc.unfreeze()
 
     # FastAPI with /docs and /redoc assets served from the installed package instead of a CDN.
     app = FastAPIOffline(
@@ -66,20 +62,8 @@ def create_app(settings: Settings) -> FastAPI:
         app.add_middleware(ApiKeyMiddleware, keys=api_keys, metrics=runtime.metrics)
     app.add_middleware(RequestContextMiddleware, metrics=runtime.metrics)
     install_error_handlers(app)
-    app.include_router(encode.router)
-    app.include_router(embeddings.router)
-    app.include_router(health.router)
-    app.include_router(sglang_routes.router)
-    install_openapi(app, bearer_protected=is_protected if api_keys else None)
+    routers = (encode.router, embeddings.router, health.router, sglang_routes.router)
+    for router in routers:
+        app.include_router(router)
+    install_openapi(app, routers, bearer_protected=is_protected if api_keys else None)
     return app
-
-
-def _freeze_loaded_objects() -> None:
-    """Move everything alive after loading (torch, transformers, the model: ~400k objects) out of GC's reach.
-
-    Requests allocate enough to trigger a full collection every thousand or so; each one walked every
-    object the imports and the model left behind, a 0.2-0.5 s pause of the event loop that set p99
-    under load. Frozen objects are never scanned, so a full collection only sees what serving allocates.
-    """
-    gc.collect()
-    gc.freeze()

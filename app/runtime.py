@@ -6,7 +6,6 @@ readiness waits for the model and its warm-up forward.
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import logging
 import time
@@ -24,7 +23,7 @@ from mmencode.app.integrations.sglang import SGLangEncoderBridge
 from mmencode.app.integrations.vllm import EncoderCacheWriter
 from mmencode.app.metrics import Metrics
 from mmencode.app.scheduler import Limits, Scheduler
-from mmencode.app.torch_threads import SerialTorchThreadPool, serial_torch_ops
+from mmencode.app.torch_threads import SerialTorchThreadPool, in_executor, serial_torch_ops
 from mmencode.app.worker import EncoderWorker
 from mmencode.models import CheckpointError, EncoderAdapter, load_encoder
 from mmencode.models.tiny import build_tiny
@@ -99,6 +98,8 @@ class Runtime:
         self.failure: str | None = None
         # Called once if the model fails to load; `mmencode serve` stops the process with it (fail fast).
         self.on_failure: Callable[[], None] | None = None
+        # Called once when the model is loaded and warm; `mmencode serve` freezes GC with it (app/cli.py).
+        self.on_ready: Callable[[], None] | None = None
         self.model_dir = settings.model or default_model_dir(settings)
         self.model_name = settings.served_model_name or self.model_dir.name
         self.adapter: EncoderAdapter | None = None
@@ -113,6 +114,9 @@ class Runtime:
             thread_name_prefix="mmencode-pre",
             initializer=serial_torch_ops,
         )
+        # Blocking work off the event loop (loading, large answers, the shared cache, vLLM's files): this
+        # runtime's own pool, not the loop's default executor, which belongs to whoever runs the loop.
+        self.io_executor = SerialTorchThreadPool(thread_name_prefix="mmencode-io")
         self.fetcher = ImageFetcher(
             timeout=settings.url_fetch_timeout,
             max_redirects=settings.url_max_redirects,
@@ -125,7 +129,7 @@ class Runtime:
         self.cache = TieredCache(LRUEmbeddingCache(settings.cache_bytes), None, self.metrics)
         # Peers' formats: vLLM's encoder-cache files (opt-in) and SGLang's encoder protocol.
         self.ec_cache_writer = (
-            EncoderCacheWriter(settings.ec_shared_storage, settings.ec_dtype, self.metrics)
+            EncoderCacheWriter(settings.ec_shared_storage, settings.ec_dtype, self.metrics, executor=self.io_executor)
             if settings.ec_shared_storage is not None
             else None
         )
@@ -148,12 +152,8 @@ class Runtime:
         """Load, warm up and start the worker; on failure ``on_failure`` is called and /ready stays 503."""
         # uvicorn says "startup complete" once HTTP is up; the model is only loading now.
         logger.info("loading the model from %s; /health answers now, /ready once it is loaded", self.model_dir)
-        # The event loop's thread and its default executor (loading, large answers, the shared cache)
-        # leave torch's parallel ops to the encoder's thread (app/torch_threads.py).
-        serial_torch_ops()
-        asyncio.get_running_loop().set_default_executor(SerialTorchThreadPool(thread_name_prefix="mmencode-io"))
         try:
-            adapter = await asyncio.to_thread(self._load)
+            adapter = await in_executor(self.io_executor, self._load)
             self.compute_gate.enabled = exclusive_forward_on(self.settings.exclusive_forward, adapter.device)
             worker = EncoderWorker(
                 adapter,
@@ -164,7 +164,7 @@ class Runtime:
                 metrics=self.metrics,
                 gate=self.compute_gate,
             )
-            await asyncio.to_thread(worker.warmup, self.settings.cpu_threads)
+            await in_executor(self.io_executor, worker.warmup, self.settings.cpu_threads)
             # One thread for a small model's forward leaves the other cores to preprocessing: no turns.
             if worker.forward_threads == 1 and self.settings.exclusive_forward is None:
                 self.compute_gate.enabled = False
@@ -192,6 +192,8 @@ class Runtime:
             self.cache.shared = self._shared_cache(adapter)
         self._scheduler = Scheduler(adapter, worker, self.cache, self.fetcher, self._pool, limits, self.metrics)
         self.phase = Phase.READY
+        if self.on_ready is not None:
+            self.on_ready()
         scheme = "https" if self.settings.ssl_certfile is not None else "http"
         logger.info(
             "ready: serving %s (%s, %s, %s image processor) on %s at %s://%s:%d (/ready answers 200 from now on)",
@@ -229,6 +231,7 @@ class Runtime:
             max_value_bytes=settings.shared_cache_max_value_bytes,
             timeout_s=settings.shared_cache_timeout,
             metrics=self.metrics,
+            executor=self.io_executor,
         )
         logger.info("shared cache: %s, values stored as %s", shared.location, str(store_dtype).removeprefix("torch."))
         return shared
@@ -246,6 +249,7 @@ class Runtime:
         await self.fetcher.aclose()
         await self.cache.aclose()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self.io_executor.shutdown(wait=False, cancel_futures=True)
 
     # ----- what routes ask -----
     @property

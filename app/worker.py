@@ -22,6 +22,7 @@ import torch
 from mmencode.app.compute_gate import ComputeGate
 from mmencode.app.cpu_threads import measure_forward_threads
 from mmencode.app.metrics import Metrics
+from mmencode.app.torch_threads import torch_threads_here
 from mmencode.models import EncoderAdapter, EncoderOutput, PreparedImage
 
 __all__ = ["EncoderWorker", "QueueFull", "Reservation", "TokenDrift", "WorkerStopped"]
@@ -135,7 +136,7 @@ class EncoderWorker:
             return
         if cpu_threads is None:
             cpu_threads = measure_forward_threads(self.adapter, cores=torch.get_num_threads())
-        torch.set_num_threads(cpu_threads)
+        torch_threads_here(cpu_threads)  # this thread's count only: other threads and apps keep theirs
         self.forward_threads = cpu_threads
 
     def start(self) -> None:

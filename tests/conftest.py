@@ -16,10 +16,35 @@ from tests.helpers import LiveServer, live_server
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers",
-        "vllm: starts real vLLM servers from .venv-vllm (`make vllm-env`); skipped without it, failed under CI=true",
+# Markers (registered in pyproject.toml) that follow from where a test is and what it uses, so no file
+# has to say them: ``make test-fast`` deselects all four, ``make test`` runs everything.
+E2E_DIR = Path(__file__).parent / "e2e"
+SERVER_FIXTURES = {"qwen_server", "internvl_server"}  # session fixtures below: real uvicorn servers
+PEERS_MODULE = "tests.peers.run"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if E2E_DIR in item.path.parents or _starts_a_server(item):
+            item.add_marker(pytest.mark.e2e)
+        if _uses_peers(item):
+            item.add_marker(pytest.mark.peers)
+        if item.get_closest_marker("vllm") is not None:
+            item.add_marker(pytest.mark.slow)
+
+
+def _starts_a_server(item: pytest.Item) -> bool:
+    if SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        return True
+    function = getattr(item, "function", None)
+    return function is not None and "live_server" in function.__code__.co_names
+
+
+def _uses_peers(item: pytest.Item) -> bool:
+    """The test's module imports from tests/peers/run.py: it runs code in the peers venv."""
+    module = getattr(item, "module", None)
+    return module is not None and any(
+        getattr(value, "__module__", None) == PEERS_MODULE for value in vars(module).values()
     )
 
 

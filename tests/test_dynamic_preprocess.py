@@ -107,7 +107,10 @@ def _assert_same(got: Any, expected: Any, image: Image.Image) -> None:
         assert torch.equal(got[key][2], value), (key, image.size)
 
 
-@pytest.mark.parametrize("name", SETTINGS)
+# Each setting takes about a second here: the fast selection checks the defaults, make test all of them.
+@pytest.mark.parametrize(
+    "name", [name if name == "qwen2-vl-defaults" else pytest.param(name, marks=pytest.mark.slow) for name in SETTINGS]
+)
 def test_fast_path_is_bit_identical_to_transformers(name: str) -> None:
     processor = _processor(SETTINGS[name])
     fast = DynamicResolutionPreprocessor.verified(processor)

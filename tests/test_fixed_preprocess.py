@@ -46,7 +46,15 @@ def _reference(processor: Any, image: Image.Image) -> torch.Tensor:
     return processor(images=[image], return_tensors="pt")["pixel_values"]
 
 
-@pytest.mark.parametrize(("cls", "settings"), SETTINGS, ids=lambda v: getattr(v, "__name__", str(v)))
+# Each setting takes about a second here: the fast selection checks each class's defaults, make test all.
+@pytest.mark.parametrize(
+    ("cls", "settings"),
+    [
+        (cls, settings) if not settings else pytest.param(cls, settings, marks=pytest.mark.slow)
+        for cls, settings in SETTINGS
+    ],
+    ids=lambda v: getattr(v, "__name__", str(v)),
+)
 def test_fast_path_is_bit_identical_to_transformers(cls: type, settings: dict[str, Any]) -> None:
     processor = cls(**settings)
     fast = FixedResolutionPreprocessor.verified(processor)

@@ -11,6 +11,8 @@ import zipfile
 from importlib import metadata
 from pathlib import Path
 
+import pytest
+
 import mmencode
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,6 +86,7 @@ def _build(backend_call: str, source: Path, out: Path) -> Path:
     return out / result.stdout.strip().splitlines()[-1]
 
 
+@pytest.mark.slow  # builds an sdist, then a wheel from it
 def test_an_sdist_builds_and_its_wheel_holds_the_same_package(tmp_path: Path) -> None:
     # What `python -m build` and `uv build` do: an sdist from the tree, then the wheel from the sdist.
     sdist = _build("build_sdist", _tracked_copy(tmp_path / "tree"), tmp_path / "dist")

@@ -48,6 +48,8 @@ def test_without_torchvision_loading_names_it(
         load_encoder(checkpoint, device=CPU, dtype=torch.float32)
 
 
+@pytest.mark.e2e  # runs `mmencode serve` in a subprocess
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_without_torchvision_serve_exits_with_one_clear_line(family: str, tiny_checkpoint: Callable[..., Path]) -> None:
     checkpoint = tiny_checkpoint(family)

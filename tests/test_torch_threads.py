@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from mmencode.app.runtime import Runtime
-from mmencode.app.torch_threads import SerialTorchThreadPool, serial_torch_ops
+from mmencode.app.torch_threads import SerialTorchThreadPool, in_executor, serial_torch_ops, torch_threads_here
 from tests.helpers import data_uri, live_server, noise_image
 
 T = TypeVar("T")
@@ -33,19 +33,6 @@ def _in_a_new_thread(call: Callable[[], T]) -> T:
         return pool.submit(call).result()
 
 
-@pytest.fixture
-def process_wide_count() -> Iterator[int]:
-    """torch's process-wide thread count at CORES, as a fresh process has it; restored afterwards.
-
-    A new thread takes that count at its first torch call, and servers that earlier tests started have
-    set it (their calibration calls torch.set_num_threads in the encoder's thread).
-    """
-    before = _in_a_new_thread(torch.get_num_threads)
-    _in_a_new_thread(lambda: torch.set_num_threads(CORES))
-    yield CORES
-    _in_a_new_thread(lambda: torch.set_num_threads(before))
-
-
 def _os_threads() -> set[str]:
     return set(os.listdir("/proc/self/task"))
 
@@ -54,17 +41,16 @@ def _large_parallel_op() -> None:
     (torch.ones(4_000_000) * 2).sum()  # far above torch's grain size: split over an OpenMP team if allowed
 
 
-def test_a_serial_thread_runs_torch_on_one_thread_and_leaves_the_others_alone(process_wide_count: int) -> None:
-    main_thread = torch.get_num_threads()
+def test_a_serial_thread_runs_torch_on_one_thread_and_leaves_the_others_alone() -> None:
     with SerialTorchThreadPool(max_workers=1) as pool:
         assert pool.submit(torch.get_num_threads).result() == 1
-    assert _in_a_new_thread(torch.get_num_threads) == process_wide_count
-    assert torch.get_num_threads() == main_thread
+    with ThreadPoolExecutor(max_workers=1) as plain:
+        assert plain.submit(torch.get_num_threads).result() == CORES
+    assert torch.get_num_threads() == CORES
 
 
 @multicore
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts OS threads through /proc")
-@pytest.mark.usefixtures("process_wide_count")
 def test_a_serial_thread_starts_no_openmp_team() -> None:
     # The control: a plain thread that runs a large op keeps a team of OS threads while it lives.
     with ThreadPoolExecutor(max_workers=1) as plain:
@@ -103,11 +89,18 @@ def test_a_served_model_parallelises_only_in_the_encoders_thread(checkpoints: di
         assert worker is not None and worker._task is not None
         loop = worker._task.get_loop()
 
-        async def in_the_loop_and_its_executor() -> tuple[int, int]:
-            return torch.get_num_threads(), await asyncio.to_thread(torch.get_num_threads)
-
-        loop_thread, default_executor = asyncio.run_coroutine_threadsafe(in_the_loop_and_its_executor(), loop).result()
+        # The runtime's own executor for blocking work; the loop's thread and default executor are the
+        # process's, which `mmencode serve` tunes (tests/test_process_edge.py).
+        io = asyncio.run_coroutine_threadsafe(in_executor(runtime.io_executor, torch.get_num_threads), loop).result()
         preprocessing = runtime._pool.submit(torch.get_num_threads).result()
         encoder = worker._executor.submit(torch.get_num_threads).result()
-    assert (loop_thread, default_executor, preprocessing) == (1, 1, 1)
+    assert (io, preprocessing) == (1, 1)
     assert encoder == worker.forward_threads == CORES
+    # The encoder's count is its thread's own: a thread started now still takes the process's default.
+    assert _in_a_new_thread(torch.get_num_threads) == CORES
+
+
+def test_a_thread_count_set_here_stays_here() -> None:
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        assert pool.submit(lambda: (torch_threads_here(1), torch.get_num_threads())[1]).result() == 1
+    assert _in_a_new_thread(torch.get_num_threads) == CORES

@@ -17,6 +17,7 @@ import asyncio
 import json
 import logging
 import time
+from concurrent.futures import Executor
 from typing import cast
 
 import orjson
@@ -28,6 +29,7 @@ from redis.backoff import NoBackoff
 
 from mmencode.app.cache.local import CachedEmbedding
 from mmencode.app.metrics import Metrics
+from mmencode.app.torch_threads import in_executor
 
 __all__ = ["FORMAT_VERSION", "SharedCache", "decode_value", "encode_value"]
 
@@ -83,7 +85,9 @@ class SharedCache:
         metrics: Metrics,
         retry_after_s: float = 1.0,
         max_pending_writes: int = 64,
+        executor: Executor | None = None,
     ) -> None:
+        self._executor = executor  # large values' (de)serialisation; None: the event loop's default executor
         self._client: aioredis.Redis = aioredis.Redis.from_url(
             url,
             socket_timeout=timeout_s,
@@ -126,7 +130,7 @@ class SharedCache:
         self._succeeded()
         total = sum(len(blob) for blob in blobs if blob is not None)
         if total > _OFFLOAD_BYTES:
-            return await asyncio.to_thread(self._decode_all, hashes, blobs)
+            return await in_executor(self._executor, self._decode_all, hashes, blobs)
         return self._decode_all(hashes, blobs)
 
     def _decode_all(self, hashes: list[str], blobs: list[bytes | None]) -> list[CachedEmbedding | None]:
@@ -163,7 +167,7 @@ class SharedCache:
             return
         try:
             if stored_bytes > _OFFLOAD_BYTES:
-                blob = await asyncio.to_thread(encode_value, value, self.store_dtype)
+                blob = await in_executor(self._executor, encode_value, value, self.store_dtype)
             else:
                 blob = encode_value(value, self.store_dtype)
             await self._client.set(self.key(content_hash), blob, ex=self.ttl_s or None)

@@ -19,17 +19,18 @@ Whoever wants them private (077) or group-writable (002) sets the umask of the m
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import tempfile
 from collections.abc import Sequence
+from concurrent.futures import Executor
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
 from mmencode.app.metrics import Metrics
+from mmencode.app.torch_threads import in_executor
 from mmencode.app.wire.encodings import TORCH_DTYPES
 
 __all__ = ["EC_CACHE_FILENAME", "EC_CACHE_KEY", "EncoderCacheWriter"]
@@ -43,8 +44,9 @@ EC_CACHE_KEY = "ec_cache"
 class EncoderCacheWriter:
     """Writes items where vLLM's ``ECExampleConnector`` looks for them. Thread-safe; blocking I/O."""
 
-    def __init__(self, root: Path, dtype: str, metrics: Metrics) -> None:
+    def __init__(self, root: Path, dtype: str, metrics: Metrics, *, executor: Executor | None = None) -> None:
         self.root = root
+        self._executor = executor  # where write_all writes; None: the event loop's default executor
         self.dtype = TORCH_DTYPES[dtype]
         self.metrics = metrics
         # Read once, here (os.umask can only be read by setting it, which is not safe under threads).
@@ -93,7 +95,7 @@ class EncoderCacheWriter:
         def run() -> list[Path | None]:
             return [None if item_hash is None else self.write(item_hash, rows) for item_hash, rows in items]
 
-        return await asyncio.to_thread(run)
+        return await in_executor(self._executor, run)
 
 
 def _process_umask() -> int:

@@ -79,11 +79,13 @@ def build_tiny(
         raise FileExistsError(f"{directory} exists and is not empty")
     if layout == "servable" and family not in SERVABLE:
         raise ValueError(f"family {family!r} has no servable layout; choose from {sorted(SERVABLE)}")
-    torch.manual_seed(0)  # construction-time init is overwritten below; this only keeps it quiet
-    model, processor = FAMILIES[family]("full" if layout == "servable" else layout, processor_merge_size)
-    if layout == "servable":
-        model = servable_model(model, SERVABLE[family])
-    fill_deterministic(model)
+    # Seeded, as the checkpoints always were, in a fork of the global RNG: the caller's stream is untouched.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)  # construction-time init is overwritten below; this only keeps it quiet
+        model, processor = FAMILIES[family]("full" if layout == "servable" else layout, processor_merge_size)
+        if layout == "servable":
+            model = servable_model(model, SERVABLE[family])
+        fill_deterministic(model)
     hf_logging.disable_progress_bar()
     with replaced_atomically(directory) as staging:
         if max_shard_size is None:

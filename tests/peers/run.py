@@ -21,8 +21,13 @@ HERE = Path(__file__).resolve().parent
 
 
 def peers_python() -> str:
+    """The peers venv's python. Without it the test skips, naming the command that builds it; under CI
+    (``CI`` set, as CI services set it), where ``make test`` builds it first, a missing venv fails."""
     if not PEERS_PYTHON.is_file():
-        pytest.fail(f"{PEERS_PYTHON} is missing: build the peers venv with `make peers` (make test does)")
+        message = f"{PEERS_PYTHON} is missing: build it with `make peers` (make test does)"
+        if os.environ.get("CI", "").lower() not in ("", "0", "false"):
+            pytest.fail(message)
+        pytest.skip(message)
     return str(PEERS_PYTHON)
 
 

@@ -1,0 +1,101 @@
+"""Process-wide tuning is `mmencode serve`'s: ``create_app`` and an app's lifecycle leave the process alone.
+
+Several apps live in one process (tests start servers in threads): one app's GC freeze, executor or
+torch thread count must not reach the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+import torch
+from fastapi import FastAPI
+
+from mmencode.app.cli import tuned_for_serving
+from mmencode.app.config import Settings
+from mmencode.app.main import create_app
+from mmencode.app.runtime import Phase, Runtime
+
+T = TypeVar("T")
+
+
+def _in_a_new_thread(call: Callable[[], T]) -> T:
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(call).result()
+
+
+def _settings(model: Path, cache_dir: Path) -> Settings:
+    # cpu_threads unset: the worker measures and sets its forward threads, as served.
+    return Settings(model=model, cache_dir=cache_dir, device="cpu")
+
+
+async def _until_ready(runtime: Runtime) -> None:
+    async with asyncio.timeout(120):
+        while not runtime.ready:
+            assert runtime.phase is not Phase.FAILED, runtime.failure
+            await asyncio.sleep(0.02)
+
+
+def _process_state() -> dict[str, object]:
+    return {
+        "gc frozen": gc.get_freeze_count(),
+        "this thread's torch threads": torch.get_num_threads(),
+        "a new thread's torch threads": _in_a_new_thread(torch.get_num_threads),
+    }
+
+
+async def _default_executor_thread() -> str:
+    return await asyncio.get_running_loop().run_in_executor(None, lambda: threading.current_thread().name)
+
+
+def test_two_apps_in_one_process_leave_its_gc_executor_and_threads_alone(
+    checkpoints: dict[str, Path], tmp_path: Path
+) -> None:
+    before = _process_state()
+    first = create_app(_settings(checkpoints["qwen2_vl"], tmp_path / "first"))
+    second = create_app(_settings(checkpoints["clip-vision"], tmp_path / "second"))
+    assert _process_state() == before  # building
+
+    async def run(app: FastAPI) -> None:
+        async with app.router.lifespan_context(app):
+            await _until_ready(app.state.runtime)
+            assert _process_state() == before  # started: loaded, warmed up, calibrated
+            # The loop's default executor is still the loop's own (asyncio names its threads so).
+            assert (await _default_executor_thread()).startswith("asyncio")
+
+    async def both() -> None:
+        async with first.router.lifespan_context(first):
+            await _until_ready(first.state.runtime)
+            await run(second)  # a second app starts and stops beside the first
+            assert first.state.runtime.ready
+            assert _process_state() == before
+
+    asyncio.run(both())
+    assert _process_state() == before  # stopped
+
+
+def test_serve_tunes_its_process(checkpoints: dict[str, Path], tmp_path: Path) -> None:
+    frozen_before = gc.get_freeze_count()
+    app = create_app(_settings(checkpoints["qwen2_vl"], tmp_path))
+    runtime: Runtime = app.state.runtime
+
+    async def serve() -> tuple[int, int]:
+        async with app.router.lifespan_context(app):
+            await _until_ready(runtime)
+            return gc.get_freeze_count(), torch.get_num_threads()
+
+    def serve_in_this_thread() -> tuple[int, int]:
+        # serve's thread runs the event loop; tuning it leaves the test's thread alone.
+        with tuned_for_serving(runtime):
+            return asyncio.run(serve())
+
+    frozen_when_ready, loop_threads = _in_a_new_thread(serve_in_this_thread)
+    assert frozen_when_ready > frozen_before  # what loading left alive is out of GC's walk
+    assert loop_threads == 1  # the event loop's thread runs torch ops serially
+    assert gc.get_freeze_count() == 0  # unfrozen when serving ends
