@@ -344,8 +344,10 @@ def _refusing(request: httpx.Request) -> httpx.Response:
 )
 async def test_only_http_and_https_urls(url: str) -> None:
     fetcher = mock_fetcher(_refusing, allow_private=True)
-    with pytest.raises(UrlNotAllowed):
+    with pytest.raises(UrlNotAllowed) as caught:
         await fetcher.fetch(url)
+    if url.startswith(("file:", "ftp:", "gopher:")):
+        assert "scheme" in caught.value.message
     await fetcher.aclose()
 
 
@@ -423,6 +425,7 @@ async def test_resolution_failure_is_a_fetch_failure() -> None:
         "http://[::1]:8080/",
         "http://[::ffff:127.0.0.1]/",
         "http://localhost/",
+        "http://0.0.0.0:8000/",
         "http://intranet.example/",
         "file:///etc/passwd",
     ],
@@ -436,9 +439,10 @@ async def test_every_redirect_hop_is_checked(location: str, fake_dns: Callable[.
         return httpx.Response(302, headers={"Location": location})
 
     fetcher = mock_fetcher(handler)
-    with pytest.raises(UrlNotAllowed):
+    with pytest.raises(UrlNotAllowed) as caught:
         await fetcher.fetch("https://cdn.example/a.png")
     assert sent == ["https://93.184.216.34/a.png"]
+    assert ("scheme" if location.startswith("file:") else "non-public") in caught.value.message
     await fetcher.aclose()
 
 
