@@ -1,16 +1,18 @@
-"""Session fixtures: tiny checkpoints built once by the project's own builder, and live servers."""
+"""Session fixtures: tiny checkpoints built once by the project's own builder, live servers and an ASGI
+client; and the markers that follow from a test's place and fixtures."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from mmencode.models.tiny import build_tiny
-from tests.helpers import LiveServer, live_server
+from tests.helpers import LiveServer, asgi_client, live_server
 
 # Nothing may reach a hub; the service must not need to.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -72,6 +74,17 @@ def qwen_server(checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathF
         cache_dir=tmp_path_factory.mktemp("cache"),
     ) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+async def qwen_app(
+    checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[httpx.AsyncClient]:
+    """What ``qwen_server`` serves, over ASGI: a client for contract tests that need no socket."""
+    async with asgi_client(
+        model=checkpoints["qwen2_vl"], served_model_name="tiny-qwen2-vl", cache_dir=tmp_path_factory.mktemp("cache")
+    ) as client:
+        yield client
 
 
 @pytest.fixture(scope="session")

@@ -3,11 +3,13 @@ bench shares are in tests/support.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import io
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,3 +117,20 @@ def live_server(**settings: Any) -> Iterator[LiveServer]:
     finally:
         server.should_exit = True
         thread.join(timeout=60)
+
+
+@contextlib.asynccontextmanager
+async def asgi_client(**settings: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """The real app over ``httpx.ASGITransport``, no socket: for contract tests (bodies, headers, error
+    shapes) where a server adds nothing. Its lifespan runs here, as uvicorn would run it; yields once
+    /ready answers 200. Streaming limits, drain, TLS and disconnects need :func:`live_server`."""
+    app = create_app(Settings(**settings))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://mmencode.test", timeout=60) as client:
+            deadline = time.monotonic() + 120
+            while (ready := await client.get("/ready")).status_code != 200:
+                if time.monotonic() > deadline or ready.json()["error"]["details"].get("phase") == "failed":
+                    raise TimeoutError(f"the app is not ready: {ready.text}")
+                await asyncio.sleep(0.05)
+            yield client

@@ -1,4 +1,6 @@
-"""``/docs`` and ``/redoc`` work without internet: every asset they load comes from the service itself."""
+"""``/docs`` and ``/redoc`` work without internet: every asset they load comes from the service itself.
+
+Contract tests over ASGI (``qwen_app``): pages and assets, no socket needed."""
 
 from __future__ import annotations
 
@@ -7,23 +9,21 @@ import re
 import httpx
 import pytest
 
-from tests.helpers import LiveServer
-
 # src="...", href="...", url: '...', spec-url="...": whatever the page makes the browser fetch.
 _REFERENCES = re.compile(r"""(?:src|href|spec-url)=["']([^"']+)["']|\burl:\s*["']([^"']+)["']""")
 
 
 @pytest.mark.parametrize(("page", "bundle_marker"), [("/docs", "SwaggerUIBundle"), ("/redoc", "Redoc")])
-def test_the_page_references_no_outside_host_and_its_assets_are_served(
-    qwen_server: LiveServer, page: str, bundle_marker: str
+async def test_the_page_references_no_outside_host_and_its_assets_are_served(
+    qwen_app: httpx.AsyncClient, page: str, bundle_marker: str
 ) -> None:
-    html = httpx.get(qwen_server.url + page).text
+    html = (await qwen_app.get(page)).text
     assert "://" not in html, "an absolute URL: the page would need another host"
     references = [a or b for a, b in _REFERENCES.findall(html)]
     assert any(ref.endswith(".js") for ref in references) and "/openapi.json" in references
     for reference in references:
         assert reference.startswith("/"), reference
-        response = httpx.get(qwen_server.url + reference)
+        response = await qwen_app.get(reference)
         assert response.status_code == 200, reference
         assert len(response.content) > 0
         if reference.endswith(".js"):
@@ -34,5 +34,5 @@ def test_the_page_references_no_outside_host_and_its_assets_are_served(
             assert response.headers["content-type"].startswith("text/css")
 
 
-def test_swagger_ui_does_not_call_the_online_validator(qwen_server: LiveServer) -> None:
-    assert '"validatorUrl": null' in httpx.get(qwen_server.url + "/docs").text
+async def test_swagger_ui_does_not_call_the_online_validator(qwen_app: httpx.AsyncClient) -> None:
+    assert '"validatorUrl": null' in (await qwen_app.get("/docs")).text
