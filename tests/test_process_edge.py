@@ -99,3 +99,13 @@ def test_serve_tunes_its_process(checkpoints: dict[str, Path], tmp_path: Path) -
     assert frozen_when_ready > frozen_before  # what loading left alive is out of GC's walk
     assert loop_threads == 1  # the event loop's thread runs torch ops serially
     assert gc.get_freeze_count() == 0  # unfrozen when serving ends
+
+
+def test_building_a_tiny_checkpoint_leaves_the_global_rng_alone(tmp_path: Path) -> None:
+    from mmencode.models.tiny import build_tiny
+
+    torch.manual_seed(1234)
+    expected = torch.rand(4)
+    torch.manual_seed(1234)
+    build_tiny(tmp_path / "clip", "clip", layout="vision")
+    assert torch.equal(torch.rand(4), expected)
