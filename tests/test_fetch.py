@@ -27,6 +27,7 @@ import pytest
 from mmencode.app.errors import ImageFetchFailed, PayloadTooLarge, UrlNotAllowed
 from mmencode.app.fetch import ImageFetcher, is_public_address
 from tests.helpers import image_bytes, noise_image
+from tests.support import free_port
 
 PNG = image_bytes(noise_image(48, 40, seed=21))
 HUGE = 256 * 1024 * 1024  # what the oversized routes would send if nobody hung up
@@ -751,8 +752,6 @@ async def test_content_type_sanity(content_type: str, accepted: bool) -> None:
 
 
 async def test_connection_refused(fetcher: ImageFetcher) -> None:
-    with socket.socket() as sock:  # a port that was free a moment ago: nothing listens on it
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()  # free a moment ago: nothing listens on it
     with pytest.raises(ImageFetchFailed, match="ConnectError"):
         await fetcher.fetch(f"http://127.0.0.1:{port}/a.png")
