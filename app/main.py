@@ -23,6 +23,7 @@ from mmencode.app.openapi import install_openapi
 from mmencode.app.routes import embeddings, encode, health
 from mmencode.app.routes import sglang as sglang_routes
 from mmencode.app.runtime import Runtime
+from mmencode.app.services import EmbeddingsService, EncodeService
 
 __all__ = ["create_app"]
 
@@ -52,8 +53,15 @@ def create_app(settings: Settings) -> FastAPI:
         # Swagger UI would otherwise send the schema to validator.swagger.io for its badge.
         swagger_ui_parameters={"validatorUrl": None},
     )
+    app.state.settings = settings
     app.state.runtime = runtime
     app.state.metrics = runtime.metrics
+    # One serving object per API; routes parse, call one of them, render.
+    app.state.encode_service = EncodeService(
+        runtime, memo=runtime.cache, ec_writer=runtime.ec_cache_writer, executor=runtime.io_executor
+    )
+    app.state.embeddings_service = EmbeddingsService(runtime)
+    app.state.sglang_bridge = runtime.sglang
     # Outermost last: the request context wraps everything, the body limit sits inside it.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, metrics=runtime.metrics)
     api_keys = settings.api_keys()

@@ -30,6 +30,11 @@ class Metrics:
             ["route", "method", "status"], buckets=_LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         self.errors = Counter("mmencode_errors", "Error responses by error code.", ["code"], registry=r)
+        self.client_disconnects = Counter(
+            "mmencode_client_disconnects",
+            "Requests whose client left before the answer; their work was cancelled.",
+            registry=r,
+        )
         self.items = Counter(
             "mmencode_items", "Items answered, by where their embedding came from.", ["source"], registry=r
         )

@@ -251,7 +251,11 @@ class Runtime:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.io_executor.shutdown(wait=False, cancel_futures=True)
 
-    # ----- what routes ask -----
+    # ----- what the services and probes ask -----
+    @property
+    def image_processor_backend(self) -> str | None:
+        return self.adapter.image_processor_backend if self.adapter is not None else None
+
     @property
     def ready(self) -> bool:
         return self.phase is Phase.READY and self.worker is not None and self.worker.alive

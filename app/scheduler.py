@@ -107,6 +107,11 @@ class Scheduler:
         self.limits = limits
         self.metrics = metrics
 
+    @property
+    def row_width(self) -> int:
+        """The width of every row this model answers with."""
+        return self.adapter.hidden_size
+
     async def encode(self, items: Sequence[ItemInput], mode: PrecomputedMode = "strict") -> list[ItemResult]:
         """Results in request order. Past the deadline: ``timeout``, and queued work is dropped."""
         try:

@@ -31,12 +31,17 @@ class PrecomputedEmbedding(BaseModel):
 class EncodeItem(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
-        # What `_has_a_source` checks, said in the JSON schema too: at least one source, not null.
+        # What `_has_a_source` checks, said in the JSON schema too: at least one source, not null, and
+        # not both an image and a hash.
         json_schema_extra={
             "anyOf": [
                 {"required": [name], "properties": {name: {"type": kind}}}
                 for name, kind in (("image", "string"), ("hash", "string"), ("precomputed_embedding", "object"))
-            ]
+            ],
+            "not": {
+                "required": ["image", "hash"],
+                "properties": {"image": {"type": "string"}, "hash": {"type": "string"}},
+            },
         },
     )
 

@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import Response
 
-from mmencode.app.deps import RuntimeDep
+from mmencode.app.deps import MetricsDep, RuntimeDep
 from mmencode.app.errors import NotReady
 from mmencode.app.openapi import ERROR_RESPONSES
 
@@ -43,5 +43,5 @@ async def ready(runtime: RuntimeDep) -> dict[str, Any]:
     response_class=Response,
     responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text format"}},
 )
-async def metrics(runtime: RuntimeDep) -> Response:
-    return Response(runtime.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+async def metrics(registry: MetricsDep) -> Response:
+    return Response(registry.render(), media_type=CONTENT_TYPE_LATEST)

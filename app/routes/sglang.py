@@ -3,7 +3,7 @@
 Answers are SGLang's: ``null`` on success (the embedding travels over ZMQ), and on failure a non-200
 ``{"status": "error", "message", "req_id"}`` that its language server reads, with mmencode's own error
 object beside it under ``error``. Not in mmencode's OpenAPI document: the shapes are SGLang's, pinned
-to one release (see ``schemas/sglang.py``).
+to one release (see ``schemas/sglang.py``). The work is :class:`app.integrations.sglang.SGLangEncoderBridge`'s.
 """
 
 from __future__ import annotations
@@ -15,9 +15,11 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
-from mmencode.app.deps import RuntimeDep
+from mmencode.app.cancellation import cancel_on_disconnect
+from mmencode.app.deps import MetricsDep, SGLangBridgeDep
 from mmencode.app.errors import ServiceError, error_object, request_id_of, validation_error
 from mmencode.app.integrations.sglang import SGLANG_LOCATOR
+from mmencode.app.metrics import Metrics
 from mmencode.app.responses import JSONBytesResponse
 from mmencode.app.routes.json_body import JiterRoute
 from mmencode.schemas.sglang import SGLANG_VERSION, SGLangEncodeRequest, SGLangReceiveUrlRequest
@@ -28,25 +30,25 @@ M = TypeVar("M", bound=BaseModel)
 
 
 @router.post("/encode")
-async def encode(request: Request, runtime: RuntimeDep) -> Response:
+async def encode(request: Request, bridge: SGLangBridgeDep, metrics: MetricsDep) -> Response:
     raw = await request.body()
     try:
         body = _parse(SGLangEncodeRequest, raw)
-        results = await runtime.sglang.encode(body)
+        results = await cancel_on_disconnect(request, bridge.encode(body), metrics)
     except ServiceError as error:
-        return _error(request, runtime, error, _req_id_of(raw))
+        return _error(request, metrics, error, _req_id_of(raw))
     request.state.items = len(results)
     request.state.tokens = sum(r.num_tokens for r in results)
     return JSONBytesResponse(None)
 
 
 @router.post("/scheduler_receive_url")
-async def scheduler_receive_url(request: Request, runtime: RuntimeDep) -> Response:
+async def scheduler_receive_url(request: Request, bridge: SGLangBridgeDep, metrics: MetricsDep) -> Response:
     raw = await request.body()
     try:
-        runtime.sglang.register(_parse(SGLangReceiveUrlRequest, raw))
+        bridge.register(_parse(SGLangReceiveUrlRequest, raw))
     except ServiceError as error:
-        return _error(request, runtime, error, _req_id_of(raw))
+        return _error(request, metrics, error, _req_id_of(raw))
     return JSONBytesResponse(None)
 
 
@@ -66,9 +68,9 @@ def _req_id_of(raw: bytes) -> Any:
     return body.get("req_id") if isinstance(body, dict) else None
 
 
-def _error(request: Request, runtime: RuntimeDep, error: ServiceError, req_id: Any) -> Response:
+def _error(request: Request, metrics: Metrics, error: ServiceError, req_id: Any) -> Response:
     """SGLang's failure answer, with mmencode's error object (items named as SGLang names them) beside it."""
-    runtime.metrics.errors.labels(error.code).inc()
+    metrics.errors.labels(error.code).inc()
     request.state.error_code = error.code
     located = error_object(error, request_id_of(request), SGLANG_LOCATOR)
     body = {

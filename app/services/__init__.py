@@ -1,0 +1,11 @@
+"""One serving object per API, built by ``create_app`` and held on ``app.state``.
+
+Routes translate HTTP (parse, negotiate, render status and headers) and call one of these; these
+hold the API's work: which rules apply, what the scheduler is asked, what the answer holds.
+"""
+
+from mmencode.app.services.embeddings import EmbeddingsService
+from mmencode.app.services.encode import EncodeAnswer, EncodeService
+from mmencode.app.services.model import ServedModel
+
+__all__ = ["EmbeddingsService", "EncodeAnswer", "EncodeService", "ServedModel"]

@@ -1,0 +1,54 @@
+"""OpenAI's embeddings API over images: one L2-normalised mean-pooled vector per image, and the model list."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mmencode.app.errors import UnsupportedParameter
+from mmencode.app.responses import l2_normalised_mean
+from mmencode.app.scheduler import ItemInput
+from mmencode.app.services.model import ServedModel
+from mmencode.app.wire.b64 import encode_ascii
+from mmencode.schemas.embeddings import EmbeddingsRequest, ModelCard, ModelList
+
+__all__ = ["EmbeddingsService"]
+
+
+class EmbeddingsService:
+    def __init__(self, model: ServedModel) -> None:
+        self._model = model
+
+    async def embed(self, body: EmbeddingsRequest) -> dict[str, Any]:
+        """OpenAI's answer, with ``usage`` counting the images' rows."""
+        self._model.check_model(body.model)
+        scheduler = self._model.scheduler
+        width = scheduler.row_width
+        if body.dimensions is not None and body.dimensions != width:
+            raise UnsupportedParameter(
+                f"dimensions={body.dimensions} is not supported: {self._model.model_name} returns "
+                f"{width}-dimensional vectors",
+                param="dimensions",
+                details={"requested": body.dimensions, "supported": [width]},
+            )
+        inputs = [body.input] if isinstance(body.input, str) else body.input
+        results = await scheduler.encode([ItemInput(image=image) for image in inputs])
+        tokens = sum(result.num_tokens for result in results)
+        data = []
+        for result in results:
+            vector = l2_normalised_mean(result.rows)
+            encoded = encode_ascii(vector.astype("<f4").tobytes()) if body.encoding_format == "base64" else vector
+            data.append({"object": "embedding", "index": result.index, "embedding": encoded})
+        return {
+            "object": "list",
+            "data": data,
+            "model": self._model.model_name,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+
+    def models(self) -> ModelList:
+        card = ModelCard(
+            id=self._model.model_name,
+            created=self._model.started_at,
+            image_processor_backend=self._model.image_processor_backend,
+        )
+        return ModelList(data=[card])
