@@ -23,6 +23,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 E2E_DIR = Path(__file__).parent / "e2e"
 SERVER_FIXTURES = {"qwen_server", "internvl_server"}  # session fixtures below: real uvicorn servers
 PEERS_MODULE = "tests.peers.run"
+# End-to-end files whose tests start processes (mmencode serve, redis, haproxy, the peers' decoders) and
+# take more than ~2 s each here: all slow, so `-m "e2e and not slow"` is a quick end-to-end pass.
+SLOW_E2E_FILES = {
+    "test_bad_model.py", "test_bench_gpu.py", "test_cli.py", "test_cli_settings.py", "test_haproxy_local.py",
+    "test_load_balancer.py", "test_make_tiny.py", "test_quiet_probes.py", "test_sglang.py", "test_shared_cache.py",
+    "test_soak_short.py", "test_tls.py", "test_vllm.py",
+}  # fmt: skip
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -31,7 +38,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.e2e)
         if _uses_peers(item):
             item.add_marker(pytest.mark.peers)
-        if item.get_closest_marker("vllm") is not None:
+        if item.get_closest_marker("vllm") is not None or (
+            item.path.parent == E2E_DIR and item.path.name in SLOW_E2E_FILES
+        ):
             item.add_marker(pytest.mark.slow)
 
 

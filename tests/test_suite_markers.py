@@ -51,6 +51,7 @@ def test_markers_follow_from_directory_fixtures_and_imports(pytestconfig: pytest
         _Item(tests / "test_x.py", _plain, types.SimpleNamespace(), fixturenames=("qwen_server",)),
         _Item(tests / "test_x.py", _serving, types.SimpleNamespace()),
         _Item(tests / "e2e" / "test_x.py", _plain, peers_module),
+        _Item(tests / "e2e" / "test_tls.py", _plain, types.SimpleNamespace()),
     ]
     items[0].markers.append("vllm")
     conftest.pytest_collection_modifyitems(pytestconfig, items)  # type: ignore[arg-type]
@@ -60,7 +61,12 @@ def test_markers_follow_from_directory_fixtures_and_imports(pytestconfig: pytest
         ["e2e"],
         ["e2e"],
         ["e2e", "peers"],
+        ["e2e", "slow"],
     ]
+
+
+def test_the_slow_end_to_end_files_exist() -> None:
+    assert {path.name for path in conftest.E2E_DIR.glob("test_*.py")} >= conftest.SLOW_E2E_FILES
 
 
 def test_make_test_runs_every_marker_and_test_fast_leaves_out_the_registered_ones() -> None:
