@@ -83,9 +83,6 @@ def vllm_server(
         "--seed", "0",
         # Eager: torch.compile's warm-up is ~20 s of each start, for a model this small no faster.
         "--enforce-eager",
-        # Lets a request choose the image processor (mm_processor_kwargs {"use_fast": false}), so one
-        # server per family answers for both backends; a loopback test server has only trusted clients.
-        "--trust-request-mm-kwargs",
     ]  # fmt: skip
     if use_fast is not None:
         command += ["--mm-processor-kwargs", json.dumps({"use_fast": use_fast})]
@@ -161,8 +158,8 @@ def chat(
 ) -> Answer:
     """One greedy chat completion over an image part and a fixed question, with top-5 logprobs.
 
-    ``use_fast=False``: vLLM preprocesses with the PIL image processor for this request (its
-    ``mm_processor_kwargs``), None: with the server's default (torchvision where it imports)."""
+    ``use_fast``: a request's own ``mm_processor_kwargs`` (needs ``--trust-request-mm-kwargs``). vLLM
+    hashes them into the item's hash, so such a request never finds a connector file by its uuid."""
     body = {
         "model": SERVED_NAME,
         "messages": [{"role": "user", "content": [image_part, {"type": "text", "text": PROMPT}]}],
