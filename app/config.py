@@ -93,6 +93,12 @@ class Settings(BaseSettings):
     cache_bytes: ByteSize = Field(
         default=ByteSize(512 * MiB), ge=0, description="Embedding cache size, e.g. 512MiB or 2GiB; 0 disables it."
     )
+    response_memo_bytes: ByteSize = Field(
+        default=ByteSize(256 * MiB),
+        ge=0,
+        description="Answers' encoded rows kept for repeats (a hit then copies bytes instead of encoding a "
+        "real-size item again, 0.1-0.5 s); 0 disables it.",
+    )
     shared_cache: str | None = Field(
         default=None,
         description="Redis/Valkey URL of a cache shared by replicas (redis://HOST:PORT/DB, rediss:// for TLS, "

@@ -19,7 +19,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from mmencode.app.errors import InvalidImage, PayloadTooLarge
 from mmencode.app.wire.b64 import decode_strict
 
-__all__ = ["decode_base64_image", "decode_image", "is_url"]
+__all__ = ["decode_base64_image", "decode_image", "decode_inline_image", "is_url"]
 
 _DATA_URI = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w.+-]+=[\w.+-]+)*)(?P<b64>;base64)?,", re.I)
 _WHITESPACE = re.compile(rb"\s+")
@@ -59,6 +59,20 @@ def _text_sent_as_image() -> InvalidImage:
     )
 
 
+def decode_inline_image(source: str, *, max_bytes: int) -> bytes:
+    """The file bytes of an image sent inline (data URI or bare base64); text sent where an image goes
+    (a prompt, a caption) is refused as text."""
+    bare = source[:5].lower() != "data:"
+    if bare and len(source.strip()) < _SHORTEST_IMAGE_BASE64:
+        raise _text_sent_as_image()  # no image file fits in so few characters
+    try:
+        return decode_base64_image(source, max_bytes=max_bytes)
+    except InvalidImage:
+        if bare and not _BASE64_TEXT.fullmatch(source.strip()):
+            raise _text_sent_as_image() from None  # words and punctuation: text, not an image's base64
+        raise
+
+
 def decode_base64_image(source: str, *, max_bytes: int) -> bytes:
     """The file bytes of a data URI or bare base64 string."""
     payload = source
@@ -72,8 +86,6 @@ def decode_base64_image(source: str, *, max_bytes: int) -> bytes:
         payload = source[match.end() :]
     elif source[:5].lower() == "data:":
         raise InvalidImage("malformed data URI")
-    elif len(source.strip()) < _SHORTEST_IMAGE_BASE64:
-        raise _text_sent_as_image()  # no image file fits in so few characters
     # Base64 grows data by 4/3: refuse before decoding what cannot fit (line breaks do not count).
     raw: str | bytes = payload
     if _decoded_size(raw) > max_bytes + 3:
@@ -89,8 +101,6 @@ def decode_base64_image(source: str, *, max_bytes: int) -> bytes:
     except (binascii.Error, ValueError) as exc:
         # Line breaks (MIME-style base64) are not data: strip them and try once more.
         stripped = _without_whitespace(raw)
-        if not match and not _BASE64_TEXT.fullmatch(source.strip()):
-            raise _text_sent_as_image() from None  # words and punctuation: text, not an image's base64
         if len(stripped) == len(raw):  # nothing to strip: the base64 itself is wrong
             raise InvalidImage(f"not valid base64 ({exc})") from None
         try:

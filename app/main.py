@@ -1,5 +1,9 @@
 """Assembles the application: ``create_app(settings)`` is the only place serving objects are built.
 
+It builds what every API shares (metrics, the fetcher, the local cache, the response memo, the peers'
+writers) and one serving object per API, and hands the model's lifecycle to :class:`Runtime`, which
+builds what can exist only once the model is loaded (worker, scheduler, the shared cache tier).
+
 It changes nothing outside the app (GC, the event loop's executor, other threads' torch settings):
 process-wide tuning is `mmencode serve`'s (app/cli.py), so several apps can live in one process.
 """
@@ -16,8 +20,13 @@ from fastapi_offline import FastAPIOffline
 from mmencode import __version__
 from mmencode.app.auth import ApiKeyMiddleware, is_protected
 from mmencode.app.body_limit import BodyLimitMiddleware
+from mmencode.app.cache import LRUEmbeddingCache, ResponseMemo
 from mmencode.app.config import Settings
 from mmencode.app.errors import install_error_handlers
+from mmencode.app.fetch import ImageFetcher
+from mmencode.app.integrations.sglang import SGLangEncoderBridge
+from mmencode.app.integrations.vllm import EncoderCacheWriter
+from mmencode.app.metrics import Metrics
 from mmencode.app.middleware import RequestContextMiddleware
 from mmencode.app.openapi import install_openapi
 from mmencode.app.routes import embeddings, encode, health
@@ -29,7 +38,29 @@ __all__ = ["create_app"]
 
 
 def create_app(settings: Settings) -> FastAPI:
-    runtime = Runtime(settings)
+    metrics = Metrics()
+    fetcher = ImageFetcher(
+        timeout=settings.url_fetch_timeout,
+        max_redirects=settings.url_max_redirects,
+        max_bytes=settings.max_image_bytes,
+        allow_private=settings.allow_private_urls,
+        allowed_hosts=settings.allowed_url_hosts,
+    )
+    runtime = Runtime(settings, metrics=metrics, fetcher=fetcher, local_cache=LRUEmbeddingCache(settings.cache_bytes))
+    # Peers' formats: vLLM's encoder-cache files (opt-in) and SGLang's encoder protocol.
+    ec_writer = (
+        EncoderCacheWriter(settings.ec_shared_storage, settings.ec_dtype, metrics, executor=runtime.io_executor)
+        if settings.ec_shared_storage is not None
+        else None
+    )
+    sglang_bridge = SGLangEncoderBridge(
+        lambda items: runtime.scheduler.encode(items),
+        fetcher,
+        max_image_bytes=settings.max_image_bytes,
+        dtype=settings.sglang_dtype,
+        push_timeout_s=settings.sglang_push_timeout,
+        metrics=metrics,
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -43,6 +74,8 @@ def create_app(settings: Settings) -> FastAPI:
                 with contextlib.suppress(asyncio.CancelledError):
                     await loading
             await runtime.stop()
+            await sglang_bridge.aclose()
+            await fetcher.aclose()
 
     # FastAPI with /docs and /redoc assets served from the installed package instead of a CDN.
     app = FastAPIOffline(
@@ -55,20 +88,20 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.state.settings = settings
     app.state.runtime = runtime
-    app.state.metrics = runtime.metrics
+    app.state.metrics = metrics
     # One serving object per API; routes parse, call one of them, render.
-    app.state.encode_service = EncodeService(
-        runtime, memo=runtime.cache, ec_writer=runtime.ec_cache_writer, executor=runtime.io_executor
-    )
+    memo = ResponseMemo(settings.response_memo_bytes)
+    metrics.response_memo_bytes.set_function(lambda: float(memo.nbytes))
+    app.state.encode_service = EncodeService(runtime, memo=memo, ec_writer=ec_writer, executor=runtime.io_executor)
     app.state.embeddings_service = EmbeddingsService(runtime)
-    app.state.sglang_bridge = runtime.sglang
+    app.state.sglang_bridge = sglang_bridge
     # Outermost last: the request context wraps everything, the body limit sits inside it.
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, metrics=runtime.metrics)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, metrics=metrics)
     api_keys = settings.api_keys()
     if api_keys:
         # Outside the body limit: a request without a key is refused before its body is read.
-        app.add_middleware(ApiKeyMiddleware, keys=api_keys, metrics=runtime.metrics)
-    app.add_middleware(RequestContextMiddleware, metrics=runtime.metrics)
+        app.add_middleware(ApiKeyMiddleware, keys=api_keys, metrics=metrics)
+    app.add_middleware(RequestContextMiddleware, metrics=metrics)
     install_error_handlers(app)
     routers = (encode.router, embeddings.router, health.router, sglang_routes.router)
     for router in routers:

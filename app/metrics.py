@@ -55,6 +55,11 @@ class Metrics:
             ["tier", "result"], registry=r,
         )  # fmt: skip
         self.cache_bytes = Gauge("mmencode_cache_bytes", "Bytes of embeddings held by the cache.", registry=r)
+        self.response_memo_bytes = Gauge(
+            "mmencode_response_memo_bytes",
+            "Bytes of encoded answers kept for repeats (--response-memo-bytes).",
+            registry=r,
+        )
         self.shared_cache_errors = Counter(
             "mmencode_shared_cache_errors",
             "Shared-tier operations that failed and were treated as misses or skipped writes, by operation "

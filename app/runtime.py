@@ -1,4 +1,4 @@
-"""The serving objects of one process and their lifecycle: load, warm up, serve, drain.
+"""The model's lifecycle in one app: load, warm up, serve, drain.
 
 Loading happens in the background after the HTTP server is up, so liveness answers at once while
 readiness waits for the model and its warm-up forward.
@@ -14,13 +14,11 @@ from pathlib import Path
 
 import torch
 
-from mmencode.app.cache import LRUEmbeddingCache, SharedCache, TieredCache
+from mmencode.app.cache import CacheTier, LRUEmbeddingCache, SharedCache, TieredCache
 from mmencode.app.compute_gate import ComputeGate, GatedThreadPool
 from mmencode.app.config import Settings
 from mmencode.app.errors import ModelNotFound, NotReady
 from mmencode.app.fetch import ImageFetcher
-from mmencode.app.integrations.sglang import SGLangEncoderBridge
-from mmencode.app.integrations.vllm import EncoderCacheWriter
 from mmencode.app.metrics import Metrics
 from mmencode.app.scheduler import Limits, Scheduler
 from mmencode.app.torch_threads import SerialTorchThreadPool, in_executor, serial_torch_ops
@@ -91,8 +89,16 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 class Runtime:
-    def __init__(self, settings: Settings) -> None:
+    """The model's lifecycle: load, warm up, serve, drain; and what exists only once it is loaded (the
+    worker, the scheduler, the shared cache tier keyed by the model's fingerprint)."""
+
+    def __init__(
+        self, settings: Settings, *, metrics: Metrics, fetcher: ImageFetcher, local_cache: LRUEmbeddingCache
+    ) -> None:
         self.settings = settings
+        self.metrics = metrics
+        self.fetcher = fetcher
+        self.local_cache = local_cache
         self.phase = Phase.STARTING
         self.started_at = int(time.time())
         self.failure: str | None = None
@@ -104,6 +110,7 @@ class Runtime:
         self.model_name = settings.served_model_name or self.model_dir.name
         self.adapter: EncoderAdapter | None = None
         self.worker: EncoderWorker | None = None
+        self.cache: TieredCache | None = None
         self._scheduler: Scheduler | None = None
         # Closed (exclusive forwards) once the model is on the CPU; see exclusive_forward_on.
         self.compute_gate = ComputeGate(enabled=False)
@@ -117,34 +124,10 @@ class Runtime:
         # Blocking work off the event loop (loading, large answers, the shared cache, vLLM's files): this
         # runtime's own pool, not the loop's default executor, which belongs to whoever runs the loop.
         self.io_executor = SerialTorchThreadPool(thread_name_prefix="mmencode-io")
-        self.fetcher = ImageFetcher(
-            timeout=settings.url_fetch_timeout,
-            max_redirects=settings.url_max_redirects,
-            max_bytes=settings.max_image_bytes,
-            allow_private=settings.allow_private_urls,
-            allowed_hosts=settings.allowed_url_hosts,
-        )
-        self.metrics = Metrics()
-        # The shared tier needs the model's fingerprint: it joins once the model is loaded.
-        self.cache = TieredCache(LRUEmbeddingCache(settings.cache_bytes), None, self.metrics)
-        # Peers' formats: vLLM's encoder-cache files (opt-in) and SGLang's encoder protocol.
-        self.ec_cache_writer = (
-            EncoderCacheWriter(settings.ec_shared_storage, settings.ec_dtype, self.metrics, executor=self.io_executor)
-            if settings.ec_shared_storage is not None
-            else None
-        )
-        self.sglang = SGLangEncoderBridge(
-            lambda items: self.scheduler.encode(items),
-            self.fetcher,
-            max_image_bytes=settings.max_image_bytes,
-            dtype=settings.sglang_dtype,
-            push_timeout_s=settings.sglang_push_timeout,
-            metrics=self.metrics,
-        )
         self.metrics.ready.set_function(lambda: 1.0 if self.ready else 0.0)
         self.metrics.watch(
             queue_depth=lambda: float(self.worker.queue_depth if self.worker is not None else 0),
-            cache_bytes=lambda: float(self.cache.nbytes),
+            cache_bytes=lambda: float(self.local_cache.nbytes),
         )
 
     # ----- lifecycle -----
@@ -188,8 +171,10 @@ class Runtime:
             request_timeout=self.settings.request_timeout,
         )
         self.adapter, self.worker = adapter, worker
+        tiers: list[CacheTier] = [self.local_cache]
         if self.settings.shared_cache:
-            self.cache.shared = self._shared_cache(adapter)
+            tiers.append(self._shared_cache(adapter))
+        self.cache = TieredCache(tiers, self.metrics)
         self._scheduler = Scheduler(adapter, worker, self.cache, self.fetcher, self._pool, limits, self.metrics)
         self.phase = Phase.READY
         if self.on_ready is not None:
@@ -245,9 +230,8 @@ class Runtime:
         self.begin_drain()
         if self.worker is not None:
             await self.worker.drain(grace_s)
-        await self.sglang.aclose()
-        await self.fetcher.aclose()
-        await self.cache.aclose()
+        if self.cache is not None:
+            await self.cache.aclose()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.io_executor.shutdown(wait=False, cancel_futures=True)
 

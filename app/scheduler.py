@@ -34,7 +34,7 @@ from mmencode.app.errors import (
     ValidationFailed,
 )
 from mmencode.app.fetch import ImageFetcher
-from mmencode.app.images import decode_base64_image, decode_image, is_url
+from mmencode.app.images import decode_image, decode_inline_image, is_url
 from mmencode.app.metrics import Metrics
 from mmencode.app.precomputed import decode_precomputed
 from mmencode.app.worker import EncoderWorker, QueueFull, Reservation, TokenDrift, WorkerStopped
@@ -267,9 +267,9 @@ class Scheduler:
             return await self.fetcher.fetch(item.image)
         # SIMD base64 takes ~50 us per MB: below that, a thread hop (a wake-up of the loop) costs more.
         if len(item.image) < _INLINE_BASE64_CHARS:
-            return decode_base64_image(item.image, max_bytes=self.limits.max_image_bytes)
+            return decode_inline_image(item.image, max_bytes=self.limits.max_image_bytes)
         return await asyncio.get_running_loop().run_in_executor(
-            self.pool, lambda: decode_base64_image(str(item.image), max_bytes=self.limits.max_image_bytes)
+            self.pool, lambda: decode_inline_image(str(item.image), max_bytes=self.limits.max_image_bytes)
         )
 
     def _prepare(self, data: bytes) -> PreparedImage:

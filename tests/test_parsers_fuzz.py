@@ -221,7 +221,7 @@ def embeddings(draw: st.DrawFn) -> PrecomputedEmbedding:
 @given(embedding=embeddings())
 def test_decode_precomputed_gives_the_declared_shape_or_a_service_error(embedding: PrecomputedEmbedding) -> None:
     try:
-        tensor = decode_precomputed(embedding, param="items[0].precomputed_embedding", max_bytes=MAX_EMBEDDING_BYTES)
+        tensor = decode_precomputed(embedding, index=0, max_bytes=MAX_EMBEDDING_BYTES)
     except ServiceError as error:
         assert error.status in (400, 413, 422), error
         return
@@ -252,7 +252,7 @@ def test_decode_precomputed_round_trips_finite_values(
     else:
         data = base64.b64encode(expected.numpy().astype("<f4" if dtype == "float32" else "<f2").tobytes()).decode()
     embedding = PrecomputedEmbedding.model_validate({"data": data, "dtype": dtype, "shape": [rows, width]})
-    tensor = decode_precomputed(embedding, param="items[0].precomputed_embedding", max_bytes=MAX_EMBEDDING_BYTES)
+    tensor = decode_precomputed(embedding, index=0, max_bytes=MAX_EMBEDDING_BYTES)
     assert torch.equal(tensor, expected)
 
 
@@ -359,7 +359,7 @@ def test_the_strategies_reach_success() -> None:
     assert decode_base64_image("data:image/png;base64," + base64.b64encode(good).decode(), max_bytes=10_000) == good
     assert decode_image(good, max_pixels=6).size == (3, 2)
     rows = decode_precomputed(
-        PrecomputedEmbedding(data=[[1.0, 2.0]], shape=[1, 2]), param="p", max_bytes=MAX_EMBEDDING_BYTES
+        PrecomputedEmbedding(data=[[1.0, 2.0]], shape=[1, 2]), index=0, max_bytes=MAX_EMBEDDING_BYTES
     )
     assert rows.tolist() == [[1.0, 2.0]]
     assert EncodeRequest.model_validate({"items": [{"image": "x"}]}).items[0].image == "x"

@@ -1,18 +1,21 @@
-"""Embeddings by content hash: the local LRU, the optional shared Redis/Valkey tier, and the lookup order.
+"""Embeddings by content hash: the local LRU, the optional shared Redis/Valkey tier, the lookup order over
+them, and the memo of answers' payloads.
 
 ``TieredCache`` is what the scheduler talks to: local LRU first, then the shared store, then the encoder.
 """
 
-from mmencode.app.cache.local import CachedEmbedding, EmbeddingCache, LRUEmbeddingCache, Payload, content_hash
+from mmencode.app.cache.local import CachedEmbedding, LRUEmbeddingCache, content_hash
+from mmencode.app.cache.memo import Payload, ResponseMemo
 from mmencode.app.cache.shared import SharedCache
-from mmencode.app.cache.tiered import Hit, TieredCache
+from mmencode.app.cache.tiered import CacheTier, Hit, TieredCache
 
 __all__ = [
+    "CacheTier",
     "CachedEmbedding",
-    "EmbeddingCache",
     "Hit",
     "LRUEmbeddingCache",
     "Payload",
+    "ResponseMemo",
     "SharedCache",
     "TieredCache",
     "content_hash",

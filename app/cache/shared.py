@@ -27,7 +27,7 @@ import torch
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from mmencode.app.cache.local import CachedEmbedding
+from mmencode.app.cache.local import CachedEmbedding, Tier
 from mmencode.app.metrics import Metrics
 from mmencode.app.torch_threads import in_executor
 
@@ -71,7 +71,9 @@ def decode_value(blob: bytes) -> CachedEmbedding:
 
 
 class SharedCache:
-    """Async client of the shared store. ``get_many`` and ``put`` never raise."""
+    """Async client of the shared store, the shared tier. ``get_many`` and ``put`` never raise."""
+
+    name: Tier = "shared"
 
     def __init__(
         self,

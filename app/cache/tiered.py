@@ -1,20 +1,35 @@
-"""The lookup order: the local LRU, then the shared store (when configured), then the encoder."""
+"""The lookup order over cache tiers: the local LRU, then the shared store (when configured), then the encoder.
+
+Every tier answers one async interface (:class:`CacheTier`); a hit in a later tier is kept in the
+earlier ones, so the next lookup stops sooner.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Protocol
 
-import torch
-
-from mmencode.app.cache.local import CachedEmbedding, LRUEmbeddingCache, Payload
-from mmencode.app.cache.shared import SharedCache
+from mmencode.app.cache.local import CachedEmbedding, Tier
 from mmencode.app.metrics import Metrics
 
-__all__ = ["Hit", "TieredCache"]
+__all__ = ["CacheTier", "Hit", "TieredCache"]
 
-Tier = Literal["local", "shared"]
+
+class CacheTier(Protocol):
+    """One place embeddings are kept: the process's LRU, or a store shared by replicas."""
+
+    name: Tier
+
+    async def get_many(self, hashes: list[str]) -> list[CachedEmbedding | None]:
+        """A value or ``None`` per hash, in order; never raises (a tier that fails answers misses)."""
+        ...
+
+    def put(self, content_hash: str, value: CachedEmbedding) -> None:
+        """Keep ``value``; a remote tier writes in the background. Never raises."""
+        ...
+
+    async def aclose(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,51 +39,37 @@ class Hit:
 
 
 class TieredCache:
-    def __init__(self, local: LRUEmbeddingCache, shared: SharedCache | None, metrics: Metrics) -> None:
-        self.local = local
-        self.shared = shared
+    """The tiers in lookup order, built whole once the model (whose fingerprint names shared keys) is known."""
+
+    def __init__(self, tiers: Sequence[CacheTier], metrics: Metrics) -> None:
+        self.tiers = tuple(tiers)
         self.metrics = metrics
 
     async def get_many(self, hashes: list[str]) -> list[Hit | None]:
-        """A hit or ``None`` per hash, in order. Shared hits are kept locally for the next time."""
-        hits: list[Hit | None] = []
-        for content_hash in hashes:
-            value = self.local.get(content_hash)
-            self._count("local", value)
-            hits.append(None if value is None else Hit(value, "local"))
-        if self.shared is None:
-            return hits
-        missing = [i for i, hit in enumerate(hits) if hit is None]
-        if not missing:
-            return hits
-        found = await self.shared.get_many([hashes[i] for i in missing])
-        for i, value in zip(missing, found, strict=True):
-            self._count("shared", value)
-            if value is not None:
-                self.local.put(hashes[i], value)
-                hits[i] = Hit(value, "shared")
+        """A hit or ``None`` per hash, in order. Hits are kept in the tiers asked before the one that had it."""
+        hits: list[Hit | None] = [None] * len(hashes)
+        missing = list(range(len(hashes)))
+        for depth, tier in enumerate(self.tiers):
+            if not missing:
+                break
+            found = await tier.get_many([hashes[i] for i in missing])
+            still_missing = []
+            for i, value in zip(missing, found, strict=True):
+                self.metrics.cache_lookups.labels(tier.name, "hit" if value is not None else "miss").inc()
+                if value is None:
+                    still_missing.append(i)
+                    continue
+                hits[i] = Hit(value, tier.name)
+                for earlier in self.tiers[:depth]:
+                    earlier.put(hashes[i], value)
+            missing = still_missing
         return hits
 
     def put(self, content_hash: str, value: CachedEmbedding) -> None:
-        """Kept locally now; written to the shared store in the background."""
-        self.local.put(content_hash, value)
-        if self.shared is not None:
-            self.shared.put(content_hash, value)
-
-    def payload(self, content_hash: str, rows: torch.Tensor, variant: Hashable) -> Payload | None:
-        """A wire payload written earlier from these rows (local tier only: payloads never travel)."""
-        return self.local.payload(content_hash, rows, variant)
-
-    def keep_payload(self, content_hash: str, rows: torch.Tensor, variant: Hashable, payload: Payload) -> bool:
-        return self.local.keep_payload(content_hash, rows, variant, payload)
-
-    @property
-    def nbytes(self) -> int:
-        return self.local.nbytes
+        """Kept in every tier: locally now, in a shared store in the background."""
+        for tier in self.tiers:
+            tier.put(content_hash, value)
 
     async def aclose(self) -> None:
-        if self.shared is not None:
-            await self.shared.aclose()
-
-    def _count(self, tier: Tier, value: CachedEmbedding | None) -> None:
-        self.metrics.cache_lookups.labels(tier, "hit" if value is not None else "miss").inc()
+        for tier in self.tiers:
+            await tier.aclose()

@@ -44,7 +44,7 @@ from mmencode.app.errors import (
     ServiceError,
 )
 from mmencode.app.fetch import ImageFetcher
-from mmencode.app.images import decode_base64_image, is_url
+from mmencode.app.images import decode_inline_image, is_url
 from mmencode.app.metrics import Metrics
 from mmencode.app.scheduler import ItemInput, ItemResult
 from mmencode.app.wire.encodings import TORCH_DTYPES
@@ -321,7 +321,7 @@ class SGLangEncoderBridge:
             if is_url(url):
                 data = await self._fetcher.fetch(url)
             else:
-                data = decode_base64_image(url, max_bytes=self._max_image_bytes)
+                data = decode_inline_image(url, max_bytes=self._max_image_bytes)
         except ServiceError as error:
             raise error.at_item(index) from None
         actual = "sha256:" + hashlib.sha256(data).hexdigest()

@@ -204,23 +204,26 @@ def test_hits_answer_the_same_bytes_as_the_miss_in_every_variant(qwen_server: Li
             assert payload == fresh, (fmt, dtype, pooling)
 
 
-def _cache_bytes(client: httpx.Client) -> float:
-    line = next(line for line in client.get("/metrics").text.splitlines() if line.startswith("mmencode_cache_bytes "))
+def _gauge(client: httpx.Client, name: str) -> float:
+    line = next(line for line in client.get("/metrics").text.splitlines() if line.startswith(name + " "))
     return float(line.split()[1])
 
 
-def test_the_first_answer_of_a_miss_keeps_its_payload_in_the_cache_budget(qwen_server: LiveServer) -> None:
+def test_the_first_answer_of_a_miss_keeps_its_payload_for_repeats(qwen_server: LiveServer) -> None:
     image = _fresh_image()
+    gauges = ("mmencode_cache_bytes", "mmencode_response_memo_bytes")
     with qwen_server.client() as client:
-        before = _cache_bytes(client)
+        before = [_gauge(client, name) for name in gauges]
         miss = _post(client, image, encoding_format="base64", dtype="float16")
-        after_miss = _cache_bytes(client)
+        after_miss = [_gauge(client, name) for name in gauges]
         hit = _post(client, image, encoding_format="base64", dtype="float16")
-        after_hit = _cache_bytes(client)
+        after_hit = [_gauge(client, name) for name in gauges]
     assert [r.json()["items"][0]["source"] for r in (miss, hit)] == ["encoder", "cache"]
     embedding = miss.json()["items"][0]["embedding"]
     assert hit.json()["items"][0]["embedding"] == embedding
     rows, width = embedding["shape"]
-    # The float32 rows, and the JSON text of `data` written for the first answer; the hit adds nothing.
-    assert after_miss - before == rows * width * 4 + len(orjson.dumps(embedding["data"]))
+    # The cache holds the float32 rows; the memo the JSON text of `data` written for the first answer.
+    assert after_miss[0] - before[0] == rows * width * 4
+    assert after_miss[1] - before[1] == len(orjson.dumps(embedding["data"]))
+    # The hit is answered from both and adds nothing.
     assert after_hit == after_miss
