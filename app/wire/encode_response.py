@@ -1,8 +1,8 @@
 """A ``/v1/encode`` answer as bytes: JSON, or a safetensors container with the JSON in its header.
 
-Each item's rows are written once per variant (encoding format, dtype, pooling) and kept beside the
-cached rows (:meth:`app.cache.LRUEmbeddingCache.keep_payload`); a later answer for the same content
-splices the kept payload in as it is: a JSON fragment, or the tensor a safetensors container carries.
+Each item's rows are written once per variant (encoding format, dtype, pooling) and kept in the
+response memo (:class:`app.cache.ResponseMemo`); a later answer for the same rows splices the kept
+payload in as it is: a JSON fragment, or the tensor a safetensors container carries.
 
 The safetensors form holds one tensor per item, ``items.<index>`` (``[rows, width]`` in the requested
 dtype, little-endian), and one header entry, ``__metadata__["response"]``: the JSON answer, in which each
