@@ -24,7 +24,6 @@ from mmencode.app.scheduler import Limits, Scheduler
 from mmencode.app.torch_threads import SerialTorchThreadPool, in_executor, serial_torch_ops
 from mmencode.app.worker import EncoderWorker
 from mmencode.models import CheckpointError, EncoderAdapter, load_encoder
-from mmencode.models.tiny import build_tiny
 
 __all__ = [
     "DRAIN_GRACE_S",
@@ -194,6 +193,9 @@ class Runtime:
 
     def _load(self) -> EncoderAdapter:
         if self.settings.model is None and not (self.model_dir / "config.json").is_file():
+            # The checkpoint builder is imported only here: a served --model never loads it.
+            from mmencode.models.tiny import build_tiny
+
             logger.info("building the embedded tiny model into %s", self.model_dir)
             build_tiny(self.model_dir, "qwen2_vl", overwrite=True)
         device = resolve_device(self.settings.device)

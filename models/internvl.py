@@ -21,7 +21,7 @@ from transformers.models.internvl.modeling_internvl import InternVLMultiModalPro
 from mmencode.models.base import EncoderAdapter, EncoderOutput, PreparedImage
 from mmencode.models.errors import CheckpointError
 from mmencode.models.processor_config import ProcessorConfig
-from mmencode.models.weights import KeyMap, load_config_json
+from mmencode.models.weights import FusedQKV, KeyMap, load_config_json, renamed
 
 
 class InternVLEncoder(torch.nn.Module):
@@ -117,7 +117,7 @@ _RENAMES = (
     (".layernorm_after.", ".norm2."),
 )
 _PROJECTOR = (("layer_norm.", "mlp1.0."), ("linear_1.", "mlp1.1."), ("linear_2.", "mlp1.3."))
-_FUSED_QKV = re.compile(r"\.attention\.([qkv])_proj\.(weight|bias)$")
+_FUSED_QKV = FusedQKV(re.compile(r"\.attention\.([qkv])_proj\.(weight|bias)$"), ".attn.qkv.{kind}")
 
 
 def opengvlab_key(name: str) -> tuple[str, int | None]:
@@ -131,12 +131,7 @@ def opengvlab_key(name: str) -> tuple[str, int | None]:
         return "mlp1." + rest, None
     key = "vision_model." + name.removeprefix("vision_tower.")
     key = re.sub(r"\.encoder\.layer\.(\d+)\.", r".encoder.layers.\1.", key)
-    for ours, theirs in _RENAMES:
-        key = key.replace(ours, theirs)
-    fused = _FUSED_QKV.search(key)
-    if fused:
-        return f"{key[: fused.start()]}.attn.qkv.{fused.group(2)}", "qkv".index(fused.group(1))
-    return key, None
+    return _FUSED_QKV.locate(renamed(key, _RENAMES))
 
 
 class InternVLChatAdapter(InternVLAdapter):

@@ -29,7 +29,7 @@ from mmencode.models.optional import require_torchvision, require_torchvision_ba
 from mmencode.models.processor_backend import Backend
 from mmencode.models.processor_config import ProcessorConfig
 from mmencode.models.qwen2_vl import Qwen2VLAdapter
-from mmencode.models.weights import KeyMap, rotary_halves
+from mmencode.models.weights import FusedQKV, KeyMap, renamed, rotary_reordered
 
 # ----- the layout Kimi repos ship (and transformers' save_pretrained writes back) -----
 _KIMI_RENAMES = (
@@ -44,7 +44,7 @@ _KIMI_RENAMES = (
     ("mm_projector.in_proj.", "mm_projector.proj.0."),
     ("mm_projector.out_proj.", "mm_projector.proj.2."),
 )
-_KIMI_QKV = re.compile(r"\.attn\.([qkv])_proj\.(weight|bias)$")
+_KIMI_QKV = FusedQKV(re.compile(r"\.attn\.([qkv])_proj\.(weight|bias)$"), ".wqkv.{kind}")
 
 
 def kimi_hub_key(name: str, *, pre_norm: str = "mm_projector.pre_norm.") -> tuple[str, int | None]:
@@ -53,19 +53,10 @@ def kimi_hub_key(name: str, *, pre_norm: str = "mm_projector.pre_norm.") -> tupl
     if name.startswith("mm_projector.pre_norm."):
         return pre_norm + name.removeprefix("mm_projector.pre_norm."), None
     key = re.sub(r"^vision_tower\.layers\.(\d+)\.", r"vision_tower.encoder.blocks.\1.", name)
-    for ours, theirs in _KIMI_RENAMES:
-        key = key.replace(ours, theirs)
-    fused = _KIMI_QKV.search(key)
-    if fused:
-        return f"{key[: fused.start()]}.wqkv.{fused.group(2)}", "qkv".index(fused.group(1))
-    return key, None
+    return _KIMI_QKV.locate(renamed(key, _KIMI_RENAMES))
 
 
-def _kimi_rotary(name: str, tensor: torch.Tensor, module: torch.nn.Module) -> torch.Tensor:
-    if re.search(r"\.attn\.[qk]_proj\.", name):
-        tower: Any = module.vision_tower
-        return rotary_halves(tensor, int(tower.config.num_attention_heads))
-    return tensor
+_kimi_rotary = rotary_reordered(r"\.attn\.[qk]_proj\.", tower="vision_tower")
 
 
 # The repos keep the projector's norm at top level; transformers' save_pretrained writes it under

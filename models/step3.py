@@ -32,7 +32,7 @@ from mmencode.models.base import EncoderAdapter, EncoderOutput, PreparedImage
 from mmencode.models.optional import require_torchvision, require_torchvision_backend
 from mmencode.models.processor_backend import Backend
 from mmencode.models.processor_config import ProcessorConfig
-from mmencode.models.weights import KeyMap, rotary_halves
+from mmencode.models.weights import FusedQKV, KeyMap, renamed, rotary_reordered
 
 # ----- the layout Step3 repos ship (and transformers' save_pretrained writes back) -----
 _STEP3_RENAMES = (
@@ -49,7 +49,7 @@ _STEP3_RENAMES = (
     (".layernorm_before.", ".ln_1."),
     (".layernorm_after.", ".ln_2."),
 )
-_STEP3_QKV = re.compile(r"\.self_attn\.([qkv])_proj\.(weight|bias)$")
+_STEP3_QKV = FusedQKV(re.compile(r"\.self_attn\.([qkv])_proj\.(weight|bias)$"), ".attn.in_proj_{kind}")
 
 
 def step3_hub_key(name: str) -> tuple[str, int | None]:
@@ -58,19 +58,10 @@ def step3_hub_key(name: str) -> tuple[str, int | None]:
     if name.startswith("multi_modal_projector."):
         return "vit_large_projector." + name.removeprefix("multi_modal_projector."), None
     key = re.sub(r"^vision_model\.layers\.(\d+)\.", r"vision_model.transformer.resblocks.\1.", name)
-    for ours, theirs in _STEP3_RENAMES:
-        key = key.replace(ours, theirs)
-    fused = _STEP3_QKV.search(key)
-    if fused:
-        return f"{key[: fused.start()]}.attn.in_proj_{fused.group(2)}", "qkv".index(fused.group(1))
-    return key, None
+    return _STEP3_QKV.locate(renamed(key, _STEP3_RENAMES))
 
 
-def _step3_rotary(name: str, tensor: torch.Tensor, module: torch.nn.Module) -> torch.Tensor:
-    if re.search(r"\.self_attn\.[qk]_proj\.", name):
-        tower: Any = module.vision_model
-        return rotary_halves(tensor, int(tower.config.num_attention_heads))
-    return tensor
+_step3_rotary = rotary_reordered(r"\.self_attn\.[qk]_proj\.", tower="vision_model")
 
 
 _STEP3_LAYOUT = KeyMap(

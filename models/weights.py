@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,10 +23,13 @@ from safetensors import safe_open
 from mmencode.models.errors import CheckpointError
 
 __all__ = [
+    "FusedQKV",
     "KeyMap",
     "load_config_json",
     "load_encoder_weights",
+    "renamed",
     "rotary_halves",
+    "rotary_reordered",
     "transformers4_layout",
     "weight_files",
 ]
@@ -95,6 +99,48 @@ def transformers4_layout(*roots: str, tower: str = "vision_tower.", inner: str =
         return name, None
 
     return KeyMap(roots=(tower, *roots), source=source, name="transformers 4 layout")
+
+
+def renamed(key: str, renames: Sequence[tuple[str, str]]) -> str:
+    """``key`` with each of this layout's ``(ours, theirs)`` name pieces replaced, in order."""
+    for ours, theirs in renames:
+        key = key.replace(ours, theirs)
+    return key
+
+
+@dataclass(frozen=True)
+class FusedQKV:
+    """A layout that stores the three attention projections as one tensor.
+
+    ``projections`` matches the module's ``q``/``k``/``v`` projection names (group 1: which; group 2:
+    ``weight`` or ``bias``) after the layout's renames; ``fused`` is the stored name, with ``{kind}``
+    for ``weight`` or ``bias``.
+    """
+
+    projections: re.Pattern[str]
+    fused: str
+
+    def locate(self, key: str) -> tuple[str, int | None]:
+        """The stored key, and which third of the fused tensor it is (``None``: not a projection)."""
+        match = self.projections.search(key)
+        if match is None:
+            return key, None
+        return key[: match.start()] + self.fused.format(kind=match.group(2)), "qkv".index(match.group(1))
+
+
+def rotary_reordered(projections: str, tower: str) -> Callable[[str, torch.Tensor, torch.nn.Module], torch.Tensor]:
+    """A ``KeyMap.transform`` for layouts that interleave q/k rows for complex rotary embeddings:
+    tensors whose names match ``projections`` are put back into halves (:func:`rotary_halves`), with the
+    head count of the module's ``tower`` attribute."""
+    pattern = re.compile(projections)
+
+    def transform(name: str, tensor: torch.Tensor, module: torch.nn.Module) -> torch.Tensor:
+        if not pattern.search(name):
+            return tensor
+        heads = int(getattr(module, tower).config.num_attention_heads)
+        return rotary_halves(tensor, heads)
+
+    return transform
 
 
 def rotary_halves(tensor: torch.Tensor, heads: int) -> torch.Tensor:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -109,3 +111,16 @@ def test_building_a_tiny_checkpoint_leaves_the_global_rng_alone(tmp_path: Path) 
     torch.manual_seed(1234)
     build_tiny(tmp_path / "clip", "clip", layout="vision")
     assert torch.equal(torch.rand(4), expected)
+
+
+def test_serving_a_model_directory_never_imports_the_tiny_checkpoint_builder(tmp_path: Path) -> None:
+    # The builder is test and embedded-default code: a served --model must not pay for it or depend on it.
+    code = (
+        "import sys\n"
+        "from mmencode.app.config import Settings\n"
+        "from mmencode.app.main import create_app\n"
+        f"create_app(Settings(model={str(tmp_path)!r}))\n"
+        "print(sorted(name for name in sys.modules if name.startswith('mmencode.models.tiny')))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
