@@ -10,7 +10,9 @@ files there. On two images of different size and aspect (neither a multiple of a
 - mmencode's rows sent as an ``image_embeds`` part (``pt`` float32, with the grid where the family
   needs it), where vLLM takes them (not Gemma 3: vLLM 0.32 answers 400, asserted below);
 - the EC path: the image part with ``uuid`` = mmencode's hash, sent only once mmencode's connector file
-  exists (a missing one kills vLLM's engine), so vLLM takes the rows from the file instead of its tower.
+  exists (a missing one kills vLLM's engine), so vLLM takes the rows from the file instead of its tower;
+  for the Qwen families also metadata only (an ``image_embeds`` part holding only ``image_grid_thw``,
+  with the uuid: no image, no rows).
 
 Both backends: a vLLM started with ``--mm-processor-kwargs '{"use_fast": false}'`` (the PIL image
 processor) against mmencode ``--image-processor-backend pil``, and one on vLLM's default (torchvision)
@@ -208,6 +210,12 @@ def test_vllm_answers_the_same_from_mmencode_rows(
     else:
         answers["image_embeds"] = chat(family.vllm, _embeds_part(family.name, item))
     answers["ec"] = chat(family.vllm, _ec_part(image, item))
+    if family.name in GRID_FAMILIES:
+        # Metadata only: the grid (for the placeholder count) and the uuid, no image and no rows; vLLM
+        # can only take the rows from the file. Sent after _ec_part checked that the file is there.
+        grid = item["metadata"]["image_grid_thw"]
+        metadata_only = {"type": "image_embeds", "image_embeds": {"image_grid_thw": grid}, "uuid": item["hash"]}
+        answers["ec-metadata-only"] = chat(family.vllm, metadata_only)
     control = chat(family.vllm, {"type": "image_url", "image_url": {"url": data_uri(flipped)}})
 
     # The EC answer comes from the file, not from vLLM's own tower: the flipped image's rows filed under
