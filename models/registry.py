@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,22 +13,10 @@ import blake3
 import torch
 
 from mmencode.models.base import EncoderAdapter
-from mmencode.models.catalog import TORCHVISION_MODEL_TYPES
+from mmencode.models.catalog import CATALOG, FamilyInfo
 from mmencode.models.errors import CheckpointError
-from mmencode.models.fixed import ClipAdapter, SiglipAdapter
-from mmencode.models.gemma3 import Gemma3Adapter
-from mmencode.models.glm4v import Glm4vAdapter
-from mmencode.models.idefics3 import Idefics3Adapter, SmolVLMAdapter
-from mmencode.models.internvl import InternVLAdapter, InternVLChatAdapter
-from mmencode.models.kimi import KimiAdapter
-from mmencode.models.llava_next import LlavaNextAdapter
-from mmencode.models.llava_onevision import LlavaOnevisionAdapter
-from mmencode.models.mistral3 import Mistral3Adapter
 from mmencode.models.optional import require_torchvision
 from mmencode.models.processor_backend import BackendChoice, resolve_backend
-from mmencode.models.qwen2_vl import Qwen2_5_VLAdapter, Qwen2VLAdapter
-from mmencode.models.qwen3_vl import Qwen3_5Adapter, Qwen3VLAdapter
-from mmencode.models.step3 import Step3Adapter
 from mmencode.models.weights import load_config_json, load_encoder_weights, weight_files
 
 __all__ = ["check_checkpoint", "load_encoder", "supported_families", "supported_model_types"]
@@ -36,49 +24,25 @@ __all__ = ["check_checkpoint", "load_encoder", "supported_families", "supported_
 logger = logging.getLogger(__name__)
 
 
-def _vision(config: Any) -> Any:
-    return config.vision_config
-
-
-def _itself(config: Any) -> Any:
-    return config
-
-
 @dataclass(frozen=True)
 class _Family:
+    info: FamilyInfo
     adapter: type[EncoderAdapter]
-    # Picks the config the tower is built from out of the checkpoint's config.
-    tower_config: Callable[[Any], Any]
+
+    def tower_config(self, config: Any) -> Any:
+        """The config the tower is built from, out of the checkpoint's config."""
+        return config.vision_config if self.info.tower_config == "vision_config" else config
 
 
-# config.json's model_type -> family. A full VLM or dual encoder, and a standalone tower.
-_FAMILIES: dict[str, _Family] = {
-    "qwen2_vl": _Family(Qwen2VLAdapter, _vision),
-    "qwen2_vl_vision": _Family(Qwen2VLAdapter, _itself),
-    "qwen2_5_vl": _Family(Qwen2_5_VLAdapter, _vision),
-    "qwen2_5_vl_vision": _Family(Qwen2_5_VLAdapter, _itself),
-    "qwen3_vl": _Family(Qwen3VLAdapter, _vision),
-    "qwen3_5": _Family(Qwen3_5Adapter, _vision),
-    "glm4v": _Family(Glm4vAdapter, _vision),
-    "idefics3": _Family(Idefics3Adapter, _itself),
-    "smolvlm": _Family(SmolVLMAdapter, _itself),
-    "mistral3": _Family(Mistral3Adapter, _itself),
-    "llava_onevision": _Family(LlavaOnevisionAdapter, _itself),
-    "llava_next": _Family(LlavaNextAdapter, _itself),
-    "siglip": _Family(SiglipAdapter, _vision),
-    "siglip_vision_model": _Family(SiglipAdapter, _itself),
-    "clip": _Family(ClipAdapter, _vision),
-    "clip_vision_model": _Family(ClipAdapter, _itself),
-    # The projector needs the language width, so InternVL is built from the full config.
-    "internvl": _Family(InternVLAdapter, _itself),
-    # OpenGVLab's own layout (the InternVL2/2.5/3 repos), mapped onto the same tower and projector.
-    "internvl_chat": _Family(InternVLChatAdapter, _itself),
-    # The projector pools to mm_tokens_per_image and maps to the language width: built from the full config.
-    "gemma3": _Family(Gemma3Adapter, _itself),
-    # Torchvision-only image processors (models.optional); the projector needs the language width.
-    "step3p7": _Family(Step3Adapter, _itself),
-    "kimi_k25": _Family(KimiAdapter, _itself),
-}
+def _adapter(path: str) -> type[EncoderAdapter]:
+    module, name = path.split(":")
+    adapter: type[EncoderAdapter] = getattr(importlib.import_module(f"mmencode.models.{module}"), name)
+    return adapter
+
+
+# config.json's model_type -> family, as models/catalog.py lists them (a full VLM or dual encoder, and a
+# standalone tower).
+_FAMILIES: dict[str, _Family] = {info.model_type: _Family(info, _adapter(info.adapter)) for info in CATALOG}
 
 
 def supported_families() -> list[str]:
@@ -125,7 +89,7 @@ def _family_of(checkpoint: Path) -> _Family:
             f"model_type {model_type!r} in {checkpoint}/config.json is not supported; supported: {sorted(_FAMILIES)} "
             "(a full VLM checkpoint of one of these, or its vision tower alone)"
         )
-    if model_type in TORCHVISION_MODEL_TYPES:
+    if family.info.torchvision_only:
         require_torchvision(model_type)  # a dependency this process lacks cannot appear later
     if not any((checkpoint / name).is_file() for name in ("preprocessor_config.json", "processor_config.json")):
         raise CheckpointError(

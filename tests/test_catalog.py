@@ -1,21 +1,42 @@
-"""The family list users read (README, ``serve --help``, ``make-tiny``) is the list the registry serves."""
+"""One catalog (models/catalog.py) behind every family list: the registry, ``serve --help``, ``make-tiny``,
+the README table and the family tests."""
 
 from __future__ import annotations
 
+import importlib
 import re
 from pathlib import Path
 
 from mmencode.app.cli import build_parser
+from mmencode.models import EncoderAdapter
 from mmencode.models.catalog import CATALOG, TINY_FAMILIES
 from mmencode.models.registry import supported_model_types
 from mmencode.models.tiny import FAMILIES
+from tests.families import COVERED_BY_EQUIVALENCE, family_params
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-def test_catalog_lists_exactly_the_served_model_types() -> None:
+def test_every_catalog_entry_names_an_adapter_and_a_way_to_build_it_tiny() -> None:
     assert sorted(info.model_type for info in CATALOG) == supported_model_types()
-    assert sorted(TINY_FAMILIES) == sorted(FAMILIES)
+    by_type = {info.model_type: info for info in CATALOG}
+    for info in CATALOG:
+        module, name = info.adapter.split(":")
+        adapter = getattr(importlib.import_module(f"mmencode.models.{module}"), name)
+        assert issubclass(adapter, EncoderAdapter), info
+        assert adapter.family in by_type, info  # the family a hash and the logs name is a catalog entry
+        # A model_type without a tiny builder is a layout of one with (a standalone tower: --layout vision).
+        if info.tiny is None:
+            assert by_type[adapter.family].tiny is not None and info.tower_config == "whole", info
+    assert set(TINY_FAMILIES) == set(FAMILIES) == {info.model_type for info in CATALOG if info.tiny}
+
+
+def test_the_family_tests_cover_every_family_the_catalog_builds() -> None:
+    specs = {param if isinstance(param, str) else param.values[0] for param in family_params()}
+    assert specs | set(COVERED_BY_EQUIVALENCE) == set(TINY_FAMILIES)
+    equivalence = (Path(__file__).parent / "test_equivalence.py").read_text()
+    for family in COVERED_BY_EQUIVALENCE:
+        assert f'"{family}"' in equivalence, family
 
 
 def test_readme_table_has_a_row_for_every_model_type() -> None:

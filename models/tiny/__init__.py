@@ -8,6 +8,7 @@ real model. Full-VLM layouts include a (tiny) language model that the service mu
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import torch
 from transformers import PreTrainedModel
 from transformers.utils import logging as hf_logging
 
+from mmencode.models.catalog import CATALOG
 from mmencode.models.tiny.common import (
     Layout,
     ProcessorLayout,
@@ -22,34 +24,22 @@ from mmencode.models.tiny.common import (
     fill_deterministic,
     replaced_atomically,
 )
-from mmencode.models.tiny.internvl import internvl, internvl_chat, to_opengvlab_layout
-from mmencode.models.tiny.llava import gemma3, idefics3, llava_next, llava_onevision, mistral3, smolvlm
-from mmencode.models.tiny.qwen import glm4v, qwen2_5_vl, qwen2_vl, qwen3_5, qwen3_vl
+from mmencode.models.tiny.internvl import to_opengvlab_layout
 from mmencode.models.tiny.servable import SERVABLE, servable_model, write_servable_files
-from mmencode.models.tiny.step3_kimi import kimi_k25, step3p7
-from mmencode.models.tiny.towers import clip, siglip
 
 __all__ = ["FAMILIES", "Layout", "ProcessorLayout", "TinyProcessor", "build_tiny", "fill_deterministic"]
 
-FAMILIES: dict[str, Callable[[Layout, int], tuple[PreTrainedModel, TinyProcessor]]] = {
-    "qwen2_vl": qwen2_vl,
-    "qwen2_5_vl": qwen2_5_vl,
-    "qwen3_vl": qwen3_vl,
-    "qwen3_5": qwen3_5,
-    "gemma3": gemma3,
-    "glm4v": glm4v,
-    "idefics3": idefics3,
-    "smolvlm": smolvlm,
-    "mistral3": mistral3,
-    "llava_onevision": llava_onevision,
-    "llava_next": llava_next,
-    "siglip": siglip,
-    "clip": clip,
-    "internvl": internvl,
-    "internvl_chat": internvl_chat,
-    "step3p7": step3p7,
-    "kimi_k25": kimi_k25,
-}
+Builder = Callable[[Layout, int], tuple[PreTrainedModel, TinyProcessor]]
+
+
+def _builder(path: str) -> Builder:
+    module, name = path.split(":")
+    builder: Builder = getattr(importlib.import_module(f"mmencode.models.tiny.{module}"), name)
+    return builder
+
+
+# The tiny builders models/catalog.py names, by model_type.
+FAMILIES: dict[str, Builder] = {info.model_type: _builder(info.tiny) for info in CATALOG if info.tiny is not None}
 
 
 def build_tiny(
