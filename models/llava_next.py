@@ -18,7 +18,7 @@ from transformers import LlavaNextConfig, LlavaNextImageProcessorPil
 from transformers.image_processing_utils import select_best_resolution
 from transformers.models.llava_next.modeling_llava_next import LlavaNextModel, LlavaNextMultiModalProjector
 
-from mmencode.models.llava_onevision import LlavaOnevisionAdapter, LlavaOnevisionEncoder
+from mmencode.models.llava_onevision import LlavaOnevisionAdapter, LlavaOnevisionEncoder, unpadded_grid
 
 
 class LlavaNextEncoder(LlavaOnevisionEncoder):
@@ -56,11 +56,6 @@ class LlavaNextAdapter(LlavaOnevisionAdapter):
         side_height, side_width = tile_height // patch, tile_width // patch
         grid_height = side_height * (best_height // tile_height)
         grid_width = side_width * (best_width // tile_width)
-        if width / height > grid_width / grid_height:
-            padding = (grid_height - int(round(height * (grid_width / width), 7))) // 2
-            grid_height -= 2 * padding
-        else:
-            padding = (grid_width - int(round(width * (grid_height / height), 7))) // 2
-            grid_width -= 2 * padding
+        grid_height, grid_width = unpadded_grid(height, width, grid_height, grid_width)
         rows = grid_height * grid_width + grid_height + side_height * side_width + additional
         return rows - 1 if strategy == "default" else rows

@@ -35,6 +35,16 @@ from mmencode.models.weights import transformers4_layout
 _SIZES = "image_sizes"
 
 
+def unpadded_grid(height: int, width: int, grid_height: int, grid_width: int) -> tuple[int, int]:
+    """The any-resolution feature map without the rows or columns that only padding covers, as the
+    LLaVA-NeXT / OneVision models unpad it (``unpad_image``, rounded as they round)."""
+    if width / height > grid_width / grid_height:
+        padding = (grid_height - int(round(height * (grid_width / width), 7))) // 2
+        return grid_height - 2 * padding, grid_width
+    padding = (grid_width - int(round(width * (grid_height / height), 7))) // 2
+    return grid_height, grid_width - 2 * padding
+
+
 class LlavaOnevisionEncoder(torch.nn.Module):
     """The vision half of ``LlavaOnevisionModel``: tower, projector and newline; no language model."""
 
@@ -102,12 +112,7 @@ class LlavaOnevisionAdapter(EncoderAdapter):
         side = int(math.sqrt(num_image_tokens))
         grid_height, grid_width = side * (best_height // tile_height), side * (best_width // tile_width)
         # Unpadding: the map keeps the rows/columns the image covers at this aspect ratio.
-        if width / height > grid_width / grid_height:
-            padding = (grid_height - int(round(height * (grid_width / width), 7))) // 2
-            grid_height -= 2 * padding
-        else:
-            padding = (grid_width - int(round(width * (grid_height / height), 7))) // 2
-            grid_width -= 2 * padding
+        grid_height, grid_width = unpadded_grid(height, width, grid_height, grid_width)
         unpadded, newlines = grid_height * grid_width, grid_height
         ratio = math.sqrt(grid_height * grid_width / (int(aspect.removeprefix("anyres_max_")) * side**2))
         if ratio > 1.1:  # shrunk to about anyres_max_N tiles
