@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
@@ -22,42 +23,23 @@ __all__ = [
 ]
 
 
-# Async though they never await: FastAPI runs a plain ``def`` dependency on its thread pool, a thread
-# hop (and a wait for a free thread under load) on every request for an attribute lookup.
-async def _runtime(request: Request) -> Runtime:
-    runtime: Runtime = request.app.state.runtime
-    return runtime
+def _state(attribute: str) -> Callable[[Request], Awaitable[Any]]:
+    """A dependency reading one of ``app.state``'s serving objects.
 
+    Async though it never awaits: FastAPI runs a plain ``def`` dependency on its thread pool, a thread
+    hop (and a wait for a free thread under load) on every request for an attribute lookup.
+    """
 
-async def _encode_service(request: Request) -> EncodeService:
-    service: EncodeService = request.app.state.encode_service
-    return service
+    async def read(request: Request) -> Any:
+        return getattr(request.app.state, attribute)
 
-
-async def _embeddings_service(request: Request) -> EmbeddingsService:
-    service: EmbeddingsService = request.app.state.embeddings_service
-    return service
-
-
-async def _sglang_bridge(request: Request) -> SGLangEncoderBridge:
-    bridge: SGLangEncoderBridge = request.app.state.sglang_bridge
-    return bridge
-
-
-async def _metrics(request: Request) -> Metrics:
-    metrics: Metrics = request.app.state.metrics
-    return metrics
-
-
-async def _settings(request: Request) -> Settings:
-    settings: Settings = request.app.state.settings
-    return settings
+    return read
 
 
 # The model's lifecycle (probes only: the APIs go through their services).
-RuntimeDep = Annotated[Runtime, Depends(_runtime)]
-EncodeServiceDep = Annotated[EncodeService, Depends(_encode_service)]
-EmbeddingsServiceDep = Annotated[EmbeddingsService, Depends(_embeddings_service)]
-SGLangBridgeDep = Annotated[SGLangEncoderBridge, Depends(_sglang_bridge)]
-MetricsDep = Annotated[Metrics, Depends(_metrics)]
-SettingsDep = Annotated[Settings, Depends(_settings)]
+RuntimeDep = Annotated[Runtime, Depends(_state("runtime"))]
+EncodeServiceDep = Annotated[EncodeService, Depends(_state("encode_service"))]
+EmbeddingsServiceDep = Annotated[EmbeddingsService, Depends(_state("embeddings_service"))]
+SGLangBridgeDep = Annotated[SGLangEncoderBridge, Depends(_state("sglang_bridge"))]
+MetricsDep = Annotated[Metrics, Depends(_state("metrics"))]
+SettingsDep = Annotated[Settings, Depends(_state("settings"))]
