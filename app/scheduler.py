@@ -108,9 +108,9 @@ class Scheduler:
         self.metrics = metrics
 
     @property
-    def row_width(self) -> int:
-        """The width of every row this model answers with."""
-        return self.adapter.hidden_size
+    def pooled_width(self) -> int:
+        """The leading columns of a row that a pooled vector averages (``EncoderAdapter.pooled_width``)."""
+        return self.adapter.pooled_width
 
     async def encode(self, items: Sequence[ItemInput], mode: PrecomputedMode = "strict") -> list[ItemResult]:
         """Results in request order. Past the deadline: ``timeout``, and queued work is dropped."""

@@ -112,6 +112,12 @@ class EncoderAdapter(abc.ABC):
     def hidden_size(self) -> int:
         """Width of the rows this service returns (after any merger or projector)."""
 
+    @property
+    def pooled_width(self) -> int:
+        """The leading columns a pooled vector (``/v1/embeddings``) averages: the whole row, unless a
+        family's rows carry more than what the language model splices in (Qwen3-VL's DeepStack levels)."""
+        return self.hidden_size
+
     @abc.abstractmethod
     def preprocess(self, image: Image.Image) -> PreparedImage:
         """Run the checkpoint's image processor on one RGB image. Thread-safe, CPU only."""

@@ -6,7 +6,8 @@ its first layers at the same positions. mmencode returns them side by side along
 ``[main | level_0 | level_1 | ...]``: the layout vLLM and SGLang use for Qwen3-VL encoder output and
 ``image_embeds`` input. Row counts are Qwen2-VL's (``t*h*w / merge_size**2``); the width is
 ``out_hidden_size * (1 + levels)``, and every item's metadata names the split (``deepstack_split``).
-The image processor is Qwen2-VL's (the repos name its torchvision class; its PIL twin is used).
+The image processor is Qwen2-VL's, on the backend ``--image-processor-backend`` chooses. A pooled
+vector (``/v1/embeddings``) averages the main embedding only.
 
 Qwen3.5 (``qwen3_5``) keeps the same vision tower without DeepStack: its rows are the merged rows alone.
 """
@@ -42,6 +43,12 @@ class Qwen3VLAdapter(Qwen2VLAdapter):
     @property
     def hidden_size(self) -> int:
         return sum(self.split)
+
+    @property
+    def pooled_width(self) -> int:
+        # The main embedding: what the language model splices in at its image tokens. The DeepStack
+        # levels are added to its hidden states inside its first layers, not an image vector of their own.
+        return self.split[0]
 
     def preprocess(self, image: Image.Image) -> PreparedImage:
         item = super().preprocess(image)

@@ -1,4 +1,8 @@
-"""OpenAI's embeddings API over images: one L2-normalised mean-pooled vector per image, and the model list."""
+"""OpenAI's embeddings API over images: one L2-normalised mean-pooled vector per image, and the model list.
+
+The vector averages the rows' leading ``pooled_width`` columns: the whole row, except for Qwen3-VL,
+whose DeepStack levels ride beside the main embedding and are left out.
+"""
 
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ class EmbeddingsService:
         """OpenAI's answer, with ``usage`` counting the images' rows."""
         self._model.check_model(body.model)
         scheduler = self._model.scheduler
-        width = scheduler.row_width
+        width = scheduler.pooled_width
         if body.dimensions is not None and body.dimensions != width:
             raise UnsupportedParameter(
                 f"dimensions={body.dimensions} is not supported: {self._model.model_name} returns "
@@ -35,7 +39,7 @@ class EmbeddingsService:
         tokens = sum(result.num_tokens for result in results)
         data = []
         for result in results:
-            vector = l2_normalised_mean(result.rows)
+            vector = l2_normalised_mean(result.rows[:, :width])
             encoded = encode_ascii(vector.astype("<f4").tobytes()) if body.encoding_format == "base64" else vector
             data.append({"object": "embedding", "index": result.index, "embedding": encoded})
         return {
