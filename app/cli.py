@@ -108,9 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument(
         "--layout",
         default="full",
-        choices=["full", "vision"],
+        choices=["full", "vision", "servable"],
         help="full: a whole VLM checkpoint's layout (tower under its prefix, as hub repos ship it); "
-        "vision: the tower alone (default: full)",
+        "vision: the tower alone; servable: the full VLM plus a small tokenizer with the family's special "
+        "tokens, a chat template and the whole processor, which vLLM can serve (default: full)",
     )
     tiny.add_argument("--force", action="store_true", help="replace DIRECTORY even if it is not empty")
     tiny.add_argument(

@@ -149,8 +149,11 @@ class Settings(BaseSettings):
         "where vLLM's ECExampleConnector (ec_consumer) reads it; the directory vLLM's "
         "ec_connector_extra_config.shared_storage_path names.",
     )
-    ec_dtype: Literal["bfloat16", "float16", "float32"] = Field(
-        default="bfloat16", description="Dtype of the encoder-cache files; match the language model's dtype."
+    ec_dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        default="auto",
+        description="Dtype of the encoder-cache files; auto: the encoder's compute dtype (--dtype: float32 on "
+        "CPU, bfloat16 on CUDA). Set the consumer's model dtype: vLLM reads any dtype and converts the rows "
+        "to its own without a word, so a narrower file silently gives it rounded rows.",
     )
     sglang_dtype: Literal["bfloat16", "float16", "float32"] = Field(
         default="bfloat16", description="Dtype of the embeddings pushed to SGLang; match the language model's dtype."

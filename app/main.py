@@ -31,7 +31,7 @@ from mmencode.app.middleware import RequestContextMiddleware
 from mmencode.app.openapi import install_openapi
 from mmencode.app.routes import embeddings, encode, health
 from mmencode.app.routes import sglang as sglang_routes
-from mmencode.app.runtime import Runtime
+from mmencode.app.runtime import Runtime, resolve_device, resolve_dtype
 from mmencode.app.services import EmbeddingsService, EncodeService
 
 __all__ = ["create_app"]
@@ -49,7 +49,7 @@ def create_app(settings: Settings) -> FastAPI:
     runtime = Runtime(settings, metrics=metrics, fetcher=fetcher, local_cache=LRUEmbeddingCache(settings.cache_bytes))
     # Peers' formats: vLLM's encoder-cache files (opt-in) and SGLang's encoder protocol.
     ec_writer = (
-        EncoderCacheWriter(settings.ec_shared_storage, settings.ec_dtype, metrics, executor=runtime.io_executor)
+        EncoderCacheWriter(settings.ec_shared_storage, _ec_dtype(settings), metrics, executor=runtime.io_executor)
         if settings.ec_shared_storage is not None
         else None
     )
@@ -108,3 +108,10 @@ def create_app(settings: Settings) -> FastAPI:
         app.include_router(router)
     install_openapi(app, routers, bearer_protected=is_protected if api_keys else None)
     return app
+
+
+def _ec_dtype(settings: Settings) -> str:
+    """The connector files' dtype: the one asked, or the dtype the encoder computes in."""
+    if settings.ec_dtype != "auto":
+        return settings.ec_dtype
+    return str(resolve_dtype(settings.dtype, resolve_device(settings.device))).removeprefix("torch.")
