@@ -7,10 +7,12 @@ import asyncio
 import base64
 import contextlib
 import io
+import re
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -134,3 +136,14 @@ async def asgi_client(**settings: Any) -> AsyncIterator[httpx.AsyncClient]:
                     raise TimeoutError(f"the app is not ready: {ready.text}")
                 await asyncio.sleep(0.05)
             yield client
+
+
+def readme_python(section: str) -> dict[str, Any]:
+    """The names the README's first python example under ``## section`` defines, run as a user runs it."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    text = readme.split(f"## {section}", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```python\n(.*?)```", text, re.S)
+    assert block is not None, f"README section {section!r} has no python example"
+    namespace: dict[str, Any] = {}
+    exec(compile(block.group(1), "README.md", "exec"), namespace)
+    return namespace

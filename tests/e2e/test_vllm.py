@@ -19,7 +19,7 @@ import torch
 
 from mmencode.app.integrations.vllm import EC_CACHE_FILENAME
 from mmencode.models import load_encoder
-from tests.helpers import LiveServer, assert_error, data_uri, live_server, noise_image, rows_of
+from tests.helpers import LiveServer, assert_error, data_uri, live_server, noise_image, readme_python, rows_of
 from tests.peers.run import vllm_decode, vllm_ec_consume
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -145,30 +145,28 @@ def test_an_unwritable_ec_storage_never_fails_the_request(
     assert "could not write the encoder cache" in caplog.text
 
 
-def _readme_python(section: str) -> str:
-    text = README.read_text().split(f"## {section}", 1)[1].split("\n## ", 1)[0]
-    block = re.search(r"```python\n(.*?)```", text, re.S)
-    assert block is not None, f"README section {section!r} has no python example"
-    return block.group(1)
-
-
-def test_readme_vllm_example_builds_content_parts_vllm_decodes(qwen_server: LiveServer, tmp_path: Path) -> None:
-    namespace: dict[str, Any] = {}
-    exec(compile(_readme_python("Use with vLLM"), "README.md", "exec"), namespace)  # the documented client code
+def test_readme_vllm_example_builds_content_parts_vllm_decodes(
+    qwen_server: LiveServer, internvl_server: LiveServer, tmp_path: Path
+) -> None:
+    readme = readme_python("Use with vLLM")  # the documented client code
     with qwen_server.client() as client:
         body = _encode(client, encoding_format="pt", dtype="bfloat16")
         reference = [rows_of(item) for item in _encode(client)["items"]]
-    parts = namespace["to_vllm_content_parts"](body, grid=True)
-    assert namespace["encode_for_vllm"](qwen_server.url, IMAGES) == parts
-    plain = namespace["to_vllm_content_parts"](body, grid=False)
+    parts = readme["to_vllm_content_parts"](body)
+    assert readme["encode_for_vllm"](qwen_server.url, IMAGES) == parts
     for part, item in zip(parts, body["items"], strict=True):
         assert part["type"] == "image_embeds" and part["uuid"] == item["hash"]
         # A flat [t, h, w]: vLLM refuses a nested grid.
         assert part["image_embeds"]["image_grid_thw"] == item["metadata"]["image_grid_thw"]
         assert all(isinstance(n, int) for n in part["image_embeds"]["image_grid_thw"])
+    # A family without a grid (InternVL): the tensor alone.
+    with internvl_server.client() as client:
+        plain_body = _encode(client, encoding_format="pt", dtype="bfloat16")
+        plain_reference = [rows_of(item) for item in _encode(client)["items"]]
+    plain = readme["to_vllm_content_parts"](plain_body)
     assert all(isinstance(part["image_embeds"], str) for part in plain)
     decoded = vllm_decode(
         [p["image_embeds"]["image_embeds"] for p in parts] + [p["image_embeds"] for p in plain], tmp_path
     )
-    for tensor, rows in zip(decoded, reference * 2, strict=True):
+    for tensor, rows in zip(decoded, reference + plain_reference, strict=True):
         assert torch.equal(tensor, rows.to(torch.bfloat16))

@@ -41,7 +41,7 @@ from PIL import Image, ImageOps
 from safetensors.torch import load_file, save_file
 
 from mmencode.models.tiny import build_tiny
-from tests.helpers import LiveServer, data_uri, live_server, noise_image
+from tests.helpers import LiveServer, data_uri, live_server, noise_image, readme_python
 from tests.vllm_server.server import Answer, VllmServer, chat, chat_body, post_chat, vllm_server
 
 pytestmark = pytest.mark.vllm
@@ -50,7 +50,7 @@ TOLERANCE = 1e-4
 # Families whose `image_embeds` part vLLM 0.32 refuses (400): only the EC path feeds them mmencode's rows.
 # Gemma 3: "not supported"; Idefics3, SmolVLM, Mistral 3: "Invalid type of data items for modality='image'.
 # Expected type: ImageProcessorItems, but found type: ImageEmbeddingItems".
-EMBEDS_REFUSED = {"gemma3", "idefics3", "smolvlm", "mistral3"}
+EMBEDS_REFUSED = {"gemma3", "idefics3", "smolvlm", "mistral3"}  # the README's EC_ONLY (asserted below)
 # The grid vLLM needs beside the rows, per family (a flat [t, h, w]).
 GRID_FAMILIES = {"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"}
 FAMILIES = [
@@ -170,18 +170,24 @@ def _encode(server: LiveServer, image: Image.Image) -> dict[str, Any]:
     return item
 
 
-def _embeds_part(family: str, item: dict[str, Any]) -> dict[str, Any]:
-    payload: Any = item["embedding"]["data"]
-    if family in GRID_FAMILIES:
-        payload = {"image_embeds": payload, "image_grid_thw": item["metadata"]["image_grid_thw"]}
-    # No uuid: vLLM hashes the rows itself, so this path shares nothing with the EC one (uuid = hash).
-    return {"type": "image_embeds", "image_embeds": payload}
+# The README's client code ("Use with vLLM") builds every part sent below: what it documents is what vLLM answers.
+README = readme_python("Use with vLLM")
 
 
-def _ec_part(image: Image.Image, item: dict[str, Any]) -> dict[str, Any]:
+def _embeds_part(item: dict[str, Any]) -> dict[str, Any]:
+    (part,) = README["to_vllm_content_parts"]({"items": [item]})
+    # No uuid here: vLLM then hashes the rows itself, so this path shares no cache entry with the EC ones.
+    part.pop("uuid")
+    return dict(part)
+
+
+def _ec_part(image: Image.Image, item: dict[str, Any], *, with_image: bool) -> dict[str, Any]:
     # The hazard: vLLM's engine dies on a connector file that is not there. mmencode writes it before
     # answering; the test checks that before sending.
     assert item["ec_cache_path"] and Path(item["ec_cache_path"]).is_file(), item
+    if not with_image:  # the README's part: metadata only where the item has a grid
+        (part,) = README["to_vllm_ec_parts"]({"items": [item]}, [data_uri(image)])
+        return dict(part)
     return {"type": "image_url", "image_url": {"url": data_uri(image)}, "uuid": item["hash"]}
 
 
@@ -205,16 +211,16 @@ def test_vllm_answers_the_same_from_mmencode_rows(
 
     answers: dict[str, Answer] = {}
     if family.name in EMBEDS_REFUSED:
-        refused = post_chat(family.vllm, chat_body(_embeds_part(family.name, item)))
+        refused = post_chat(family.vllm, chat_body(_embeds_part(item)))
         assert refused.status_code == 400, refused.text
     else:
-        answers["image_embeds"] = chat(family.vllm, _embeds_part(family.name, item))
-    answers["ec"] = chat(family.vllm, _ec_part(image, item))
+        answers["image_embeds"] = chat(family.vllm, _embeds_part(item))
+    answers["ec"] = chat(family.vllm, _ec_part(image, item, with_image=True))
     if family.name in GRID_FAMILIES:
         # Metadata only: the grid (for the placeholder count) and the uuid, no image and no rows; vLLM
-        # can only take the rows from the file. Sent after _ec_part checked that the file is there.
-        grid = item["metadata"]["image_grid_thw"]
-        metadata_only = {"type": "image_embeds", "image_embeds": {"image_grid_thw": grid}, "uuid": item["hash"]}
+        # can only take the rows from the file. The README's to_vllm_ec_parts builds it.
+        metadata_only = _ec_part(image, item, with_image=False)
+        assert "image_url" not in metadata_only
         answers["ec-metadata-only"] = chat(family.vllm, metadata_only)
     control = chat(family.vllm, {"type": "image_url", "image_url": {"url": data_uri(flipped)}})
 
@@ -265,7 +271,7 @@ def _check_a_bfloat16_file_is_cast_silently(
     rows = load_file(str(family.storage / uuid / Path(item["ec_cache_path"]).name))["ec_cache"]
     assert rows.dtype == torch.bfloat16
     bf16_item = {**item, "embedding": {**item["embedding"], "data": _pt_payload(rows)}}
-    from_embeds = chat(family.vllm, _embeds_part(family.name, bf16_item))
+    from_embeds = chat(family.vllm, _embeds_part(bf16_item))
     for path, answer in (("bf16-ec-file", from_file), ("bf16-image-embeds", from_embeds)):
         same, difference = _prefix_distance(direct, answer)
         report[f"{family.name}/fp32-vllm/{path}"] = difference
@@ -323,8 +329,8 @@ def test_vllm_bfloat16_answers_from_mmencode_rows(bf16: Bf16Setup, image_name: s
 
     direct = chat(family.vllm, {"type": "image_url", "image_url": {"url": data_uri(image)}})
     answers = {
-        "image_embeds": chat(family.vllm, _embeds_part(family.name, item)),
-        "ec": chat(family.vllm, _ec_part(image, item)),
+        "image_embeds": chat(family.vllm, _embeds_part(item)),
+        "ec": chat(family.vllm, _ec_part(image, item, with_image=True)),
     }
     control = chat(family.vllm, {"type": "image_url", "image_url": {"url": data_uri(ImageOps.mirror(image))}})
     sames = []
@@ -358,3 +364,7 @@ def _pt_payload(tensor: torch.Tensor) -> str:
     buffer = io.BytesIO()
     torch.save(tensor.contiguous(), buffer)
     return base64.b64encode(buffer.getvalue()).decode()
+
+
+def test_the_readme_sends_through_the_connector_exactly_the_families_vllm_refuses_embeds_for() -> None:
+    assert README["EC_ONLY"] == EMBEDS_REFUSED
