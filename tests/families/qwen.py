@@ -23,18 +23,35 @@ from mmencode.models import EncoderAdapter
 from tests.families.common import FamilySpec, bare_processor, edit_processor
 
 
+def _pooled_reference(model_class: Any) -> Any:
+    """The rows a Qwen2-VL-style model scatters at its image tokens (``get_image_features``'s pooler_output)."""
+
+    def reference(directory: Path, images: list[Image.Image], adapter: EncoderAdapter) -> list[torch.Tensor]:
+        inputs = adapter.processor(images=images, return_tensors="pt")
+        model = model_class.from_pretrained(directory).eval()
+        with torch.inference_mode():
+            out = model.model.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"])
+        return list(out.pooler_output)
+
+    return reference
+
+
+def _placeholder_count(processor_class: type, token: str) -> Any:
+    """The placeholders the family's own processor writes for one image (its ``replace_image_token``)."""
+
+    def count(adapter: EncoderAdapter, image: Image.Image) -> int:
+        processor = bare_processor(processor_class, image_processor=adapter.processor, image_token=token)
+        inputs = adapter.processor(images=[image], return_tensors="pt")
+        return str(processor.replace_image_token(inputs, 0)).count(token)
+
+    return count
+
+
 # ----- Qwen2.5-VL -----
-def _qwen2_5_vl_reference(directory: Path, images: list[Image.Image], adapter: EncoderAdapter) -> list[torch.Tensor]:
-    inputs = adapter.processor(images=images, return_tensors="pt")
-    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(directory).eval()
-    with torch.inference_mode():
-        return list(model.model.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"]).pooler_output)
+_qwen2_5_vl_reference = _pooled_reference(Qwen2_5_VLForConditionalGeneration)
 
 
-def _qwen2_5_vl_placeholders(adapter: EncoderAdapter, image: Image.Image) -> int:
-    processor = bare_processor(Qwen2_5_VLProcessor, image_processor=adapter.processor, image_token="<|image_pad|>")
-    inputs = adapter.processor(images=[image], return_tensors="pt")
-    return str(processor.replace_image_token(inputs, 0)).count("<|image_pad|>")
+_qwen2_5_vl_placeholders = _placeholder_count(Qwen2_5_VLProcessor, "<|image_pad|>")
 
 
 def _legacy_merge_size_four(src: Path, dst: Path) -> Path:
@@ -58,17 +75,10 @@ def _qwen3_vl_reference(directory: Path, images: list[Image.Image], adapter: Enc
     return [torch.cat([main, *levels], dim=-1) for main, *levels in per_image]
 
 
-def _qwen3_vl_placeholders(adapter: EncoderAdapter, image: Image.Image) -> int:
-    processor = bare_processor(Qwen3VLProcessor, image_processor=adapter.processor, image_token="<|image_pad|>")
-    inputs = adapter.processor(images=[image], return_tensors="pt")
-    return str(processor.replace_image_token(inputs, 0)).count("<|image_pad|>")
+_qwen3_vl_placeholders = _placeholder_count(Qwen3VLProcessor, "<|image_pad|>")
 
 
-def _qwen3_5_reference(directory: Path, images: list[Image.Image], adapter: EncoderAdapter) -> list[torch.Tensor]:
-    inputs = adapter.processor(images=images, return_tensors="pt")
-    model = Qwen3_5ForConditionalGeneration.from_pretrained(directory).eval()
-    with torch.inference_mode():
-        return list(model.model.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"]).pooler_output)
+_qwen3_5_reference = _pooled_reference(Qwen3_5ForConditionalGeneration)
 
 
 def merge_size_four(whole: dict[str, Any]) -> None:
@@ -77,17 +87,10 @@ def merge_size_four(whole: dict[str, Any]) -> None:
 
 
 # ----- GLM-4.1V -----
-def _glm4v_reference(directory: Path, images: list[Image.Image], adapter: EncoderAdapter) -> list[torch.Tensor]:
-    inputs = adapter.processor(images=images, return_tensors="pt")
-    model = Glm4vForConditionalGeneration.from_pretrained(directory).eval()
-    with torch.inference_mode():
-        return list(model.model.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"]).pooler_output)
+_glm4v_reference = _pooled_reference(Glm4vForConditionalGeneration)
 
 
-def _glm4v_placeholders(adapter: EncoderAdapter, image: Image.Image) -> int:
-    processor = bare_processor(Glm4vProcessor, image_processor=adapter.processor, image_token="<|image|>")
-    inputs = adapter.processor(images=[image], return_tensors="pt")
-    return str(processor.replace_image_token(inputs, 0)).count("<|image|>")
+_glm4v_placeholders = _placeholder_count(Glm4vProcessor, "<|image|>")
 
 
 SPECS: dict[str, FamilySpec] = {
