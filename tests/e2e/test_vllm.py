@@ -92,7 +92,10 @@ def test_the_hash_differs_with_the_compute_dtype(checkpoints: dict[str, Path]) -
 def ec_server(checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     storage = tmp_path_factory.mktemp("ec")
     with live_server(
-        model=checkpoints["qwen2_vl"], cache_dir=tmp_path_factory.mktemp("cache"), ec_shared_storage=storage
+        model=checkpoints["qwen2_vl"],
+        cache_dir=tmp_path_factory.mktemp("cache"),
+        ec_shared_storage=storage,
+        ec_dtype="bfloat16",  # a GPU language model's dtype; the default follows the encoder (float32 here)
     ) as server:
         yield server
 
