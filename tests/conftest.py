@@ -4,6 +4,8 @@ client; and the markers that follow from a test's place and fixtures."""
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -116,3 +118,15 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., P
         return built[key]
 
     return build
+
+
+@pytest.fixture
+def traversable_dir() -> Iterator[Path]:
+    """A fresh folder any user can traverse, as a shared volume's path is (pytest's tmp_path sits under
+    0700 folders, which another uid cannot enter)."""
+    path = Path(tempfile.mkdtemp(prefix="mmencode-shared-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path)

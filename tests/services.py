@@ -22,7 +22,10 @@ import pytest
 
 from tests.helpers import free_port, wait_ready
 
-__all__ = ["RedisServer", "Replica", "require_binary", "wait_port"]
+__all__ = ["IMAGE_UID", "RedisServer", "Replica", "haproxy_serving", "python_as", "require_binary", "wait_port"]
+
+# The Docker image's uid: the tests run as another user (root in CI) and read what mmencode wrote as this one.
+IMAGE_UID = 10001
 
 
 def require_binary(name: str, package: str) -> str:
@@ -123,3 +126,30 @@ class Replica:
                 self.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+def python_as(uid: int, code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python3 -c code args`` as another uid and group, no supplementary groups (needs root and setpriv)."""
+    return subprocess.run(
+        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "/usr/bin/env", "python3", "-c", code, *args],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+@contextlib.contextmanager
+def haproxy_serving(
+    config_files: list[Path], *, env: dict[str, str], port: int, cwd: Path | None = None
+) -> Iterator[str]:
+    """Real haproxy on the given config files, checked first (``-c``), until the block ends; yields its URL."""
+    binary = require_binary("haproxy", "haproxy")
+    command = [binary, *(part for path in config_files for part in ("-f", str(path)))]
+    subprocess.run([*command, "-c", "-q"], env=env, cwd=cwd, check=True)
+    process = subprocess.Popen(
+        [*command, "-db"], env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        wait_port(port)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(timeout=10)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import stat
-import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,8 +13,7 @@ import torch
 
 from mmencode.app.integrations.vllm import EncoderCacheWriter
 from mmencode.app.metrics import Metrics
-
-OTHER_UID = 10001  # the Docker image's uid; the test itself runs as another (root in CI)
+from tests.services import IMAGE_UID, python_as
 
 
 @pytest.fixture
@@ -26,17 +23,6 @@ def umask() -> Iterator[None]:
         yield
     finally:
         os.umask(previous)
-
-
-@pytest.fixture
-def traversable_dir() -> Iterator[Path]:
-    # pytest's tmp_path sits under 0700 folders; a shared volume's path is traversable by its users.
-    path = Path(tempfile.mkdtemp(prefix="mmencode-ec-"))
-    path.chmod(0o755)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path)
 
 
 def _write(root: Path) -> Path:
@@ -76,10 +62,6 @@ def test_another_uid_reads_the_connector_file(umask: None, traversable_dir: Path
         "data = p.read_bytes(); n = struct.unpack('<Q', data[:8])[0]; "
         "print(json.loads(data[8:8 + n])['ec_cache']['shape'])"
     )
-    result = subprocess.run(
-        ["setpriv", f"--reuid={OTHER_UID}", f"--regid={OTHER_UID}", "--clear-groups",
-         "/usr/bin/env", "python3", "-c", reader, str(written)],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    result = python_as(IMAGE_UID, reader, str(written))
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[6, 8]"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +15,7 @@ import yaml
 
 from mmencode.schemas.errors import ErrorResponse
 from tests.helpers import data_uri, free_port, noise_image
-from tests.services import Replica, require_binary, wait_port
+from tests.services import Replica, haproxy_serving
 
 ROOT = Path(__file__).resolve().parents[2]
 HAPROXY = ROOT / "deploy" / "haproxy"
@@ -59,7 +58,6 @@ def test_the_errorfiles_hold_mmencode_error_bodies(status: int) -> None:
 @contextlib.contextmanager
 def _haproxy(ports: list[int], tmp_path: Path) -> Iterator[str]:
     """The shipped files, run from another directory; only the replicas' ports are this test's."""
-    binary = require_binary("haproxy", "haproxy")
     shipped = (HAPROXY / "replicas-local.cfg").read_text()
     assert shipped.count("127.0.0.1:8001") == 1 and shipped.count("127.0.0.1:8002") == 1
     replicas = tmp_path / "replicas-local.cfg"
@@ -70,17 +68,8 @@ def _haproxy(ports: list[int], tmp_path: Path) -> Iterator[str]:
         "MMENCODE_LB_BIND": f"127.0.0.1:{port}",
         "MMENCODE_LB_STATS_BIND": f"127.0.0.1:{free_port()}",
     }
-    command = [binary, "-f", str(HAPROXY / "haproxy.cfg"), "-f", str(replicas)]
-    subprocess.run([*command, "-c", "-q"], env=env, cwd=tmp_path, check=True)
-    process = subprocess.Popen(
-        [*command, "-db"], env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    try:
-        wait_port(port)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
+    with haproxy_serving([HAPROXY / "haproxy.cfg", replicas], env=env, port=port, cwd=tmp_path) as url:
+        yield url
 
 
 def test_haproxy_in_front_of_two_bare_replicas(checkpoints: dict[str, Path], tmp_path: Path) -> None:

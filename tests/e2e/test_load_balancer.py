@@ -5,7 +5,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -15,7 +14,7 @@ import httpx
 import pytest
 
 from tests.helpers import data_uri, free_port, noise_image
-from tests.services import RedisServer, Replica, require_binary, wait_port
+from tests.services import RedisServer, Replica, haproxy_serving, require_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY = ROOT / "deploy" / "haproxy" / "haproxy.cfg"
@@ -24,25 +23,13 @@ POLICY = ROOT / "deploy" / "haproxy" / "haproxy.cfg"
 @contextlib.contextmanager
 def haproxy(replicas: list[Replica], tmp_path: Path) -> Iterator[str]:
     """HAProxy with the shipped policy file unchanged; only the server list is this test's."""
-    binary = require_binary("haproxy", "haproxy")
     servers = tmp_path / "replicas.cfg"
     lines = ["backend mmencode"] + [f"    server r{i} 127.0.0.1:{r.port}" for i, r in enumerate(replicas)]
     servers.write_text("\n".join(lines) + "\n")
     port = free_port()
     env = {"MMENCODE_LB_BIND": f"127.0.0.1:{port}", "MMENCODE_LB_STATS_BIND": f"127.0.0.1:{free_port()}"}
-    subprocess.run([binary, "-c", "-q", "-f", str(POLICY), "-f", str(servers)], env=env, check=True)
-    process = subprocess.Popen(
-        [binary, "-db", "-f", str(POLICY), "-f", str(servers)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_port(port)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
+    with haproxy_serving([POLICY, servers], env=env, port=port) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

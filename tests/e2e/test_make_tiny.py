@@ -7,14 +7,11 @@ import shutil
 import stat
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
+from tests.services import IMAGE_UID, python_as
 
 # The user the Dockerfile creates and runs the service as.
-IMAGE_UID = 10001
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -57,19 +54,8 @@ def test_force_replaces_a_non_empty_folder_and_an_empty_one_needs_no_force(tmp_p
     assert (empty / "config.json").is_file()
 
 
-@pytest.fixture
-def world_traversable_dir() -> Iterator[Path]:
-    # pytest's tmp_path sits under 0700 folders; a container volume's host path is usually traversable.
-    path = Path(tempfile.mkdtemp(prefix="mmencode-tiny-"))
-    path.chmod(0o755)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path)
-
-
-def test_what_make_tiny_writes_is_readable_by_the_container_user(world_traversable_dir: Path) -> None:
-    model = world_traversable_dir / "model"
+def test_what_make_tiny_writes_is_readable_by_the_container_user(traversable_dir: Path) -> None:
+    model = traversable_dir / "model"
     assert _make_tiny(str(model)).returncode == 0
     for path in [model, *model.rglob("*")]:
         mode = path.stat().st_mode
@@ -80,9 +66,5 @@ def test_what_make_tiny_writes_is_readable_by_the_container_user(world_traversab
         return  # the mode bits above are what the container user relies on
     # Read every file as the image's uid, as the container does through its read-only volume.
     reader = "import pathlib, sys; [p.read_bytes() for p in pathlib.Path(sys.argv[1]).rglob('*') if p.is_file()]"
-    result = subprocess.run(
-        ["setpriv", f"--reuid={IMAGE_UID}", f"--regid={IMAGE_UID}", "--clear-groups",
-         "/usr/bin/env", "python3", "-c", reader, str(model)],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    result = python_as(IMAGE_UID, reader, str(model))
     assert result.returncode == 0, result.stderr
