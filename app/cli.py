@@ -58,7 +58,9 @@ def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
         if annotation is bool or annotation == bool | None:
             kwargs["action"] = argparse.BooleanOptionalAction
         elif typing.get_origin(annotation) is list:
+            # Repeatable and comma-separated: --upstream A --upstream B,C gives [A, B, C].
             kwargs["type"] = lambda text: [part.strip() for part in text.split(",") if part.strip()]
+            kwargs["action"] = "extend"
             kwargs["metavar"] = "A,B"
         elif typing.get_origin(annotation) is typing.Literal:
             kwargs["choices"] = list(typing.get_args(annotation))

@@ -164,6 +164,39 @@ class Settings(BaseSettings):
         description="Seconds a ZMQ push to an SGLang language server may wait for it to connect and take the message.",
     )
 
+    # --- the chat front door (app/frontdoor) ---
+    upstream: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="OpenAI-compatible vLLM servers (started with --enable-mm-embeds) behind POST "
+        "/v1/chat/completions, which encodes the images here and forwards their rows; repeat the flag or "
+        "comma-separate (http://a:8000,http://b:8000). Unset: no front door.",
+    )
+    upstream_transport: Literal["embeds", "ec"] = Field(
+        default="embeds",
+        description="How the rows reach the upstreams: embeds, inside the request as image_embeds parts; ec, "
+        "as vLLM encoder-cache connector files (needs --ec-shared-storage, shared with the upstreams' "
+        "ECExampleConnector consumer), the request carrying metadata only.",
+    )
+    upstream_dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        default="auto",
+        description="Dtype of the rows in image_embeds parts; auto: the encoder's compute dtype. Set the "
+        "upstream's model dtype: vLLM converts the rows to its own without a word.",
+    )
+    upstream_api_key: SecretStr | None = Field(
+        default=None, description="Sent to the upstreams as `Authorization: Bearer KEY` (their --api-key)."
+    )
+    upstream_timeout: float = Field(
+        default=600.0,
+        gt=0,
+        description="Seconds an upstream may take to start its answer, and between two of its bytes; past it: 504.",
+    )
+    upstream_health_interval: float = Field(
+        default=5.0,
+        gt=0,
+        description="Seconds between health checks of each upstream; one that fails leaves the rotation until "
+        "it answers again.",
+    )
+
     # --- security ---
     api_key: Annotated[list[SecretStr], NoDecode] = Field(
         default_factory=list,
@@ -182,7 +215,7 @@ class Settings(BaseSettings):
         "it would leave the service without the keys or TLS it names.",
     )
 
-    @field_validator("allowed_url_hosts", "api_key", mode="before")
+    @field_validator("allowed_url_hosts", "api_key", "upstream", mode="before")
     @classmethod
     def _comma_separated(cls, value: Any) -> Any:
         """``a,b`` from a flag or the environment; a JSON list is accepted too."""
@@ -202,6 +235,20 @@ class Settings(BaseSettings):
                     keys.append(line.strip())
         return keys
 
+    @field_validator("upstream")
+    @classmethod
+    def _upstream_urls(cls, value: list[str]) -> list[str]:
+        """``http(s)://host[:port]``, without the trailing slash; each upstream once."""
+        urls: list[str] = []
+        for url in value:
+            scheme, _, rest = url.partition("://")
+            if scheme not in {"http", "https"} or not rest.strip("/"):
+                raise ValueError(f"upstream {url!r} is not an http:// or https:// URL")
+            url = url.rstrip("/").removesuffix("/v1")
+            if url not in urls:
+                urls.append(url)
+        return urls
+
     @field_validator("shared_cache")
     @classmethod
     def _redis_url(cls, value: str | None) -> str | None:
@@ -219,6 +266,10 @@ class Settings(BaseSettings):
             path = getattr(self, name)
             if path is not None and not path.is_file():
                 raise ValueError(f"{name} {path} is not a readable file")
+        if self.upstream_transport == "ec" and self.ec_shared_storage is None:
+            raise ValueError(
+                "upstream_transport ec needs ec_shared_storage: the directory the upstreams' ECExampleConnector reads"
+            )
         if self.api_key_file is not None and not self.api_keys():
             raise ValueError(f"api_key_file {self.api_key_file} holds no key")
         return self

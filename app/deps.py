@@ -11,9 +11,10 @@ from mmencode.app.config import Settings
 from mmencode.app.integrations.sglang import SGLangEncoderBridge
 from mmencode.app.metrics import Metrics
 from mmencode.app.runtime import Runtime
-from mmencode.app.services import EmbeddingsService, EncodeService
+from mmencode.app.services import ChatService, EmbeddingsService, EncodeService
 
 __all__ = [
+    "ChatServiceDep",
     "EmbeddingsServiceDep",
     "EncodeServiceDep",
     "MetricsDep",
@@ -40,6 +41,8 @@ def _state(attribute: str) -> Callable[[Request], Awaitable[Any]]:
 RuntimeDep = Annotated[Runtime, Depends(_state("runtime"))]
 EncodeServiceDep = Annotated[EncodeService, Depends(_state("encode_service"))]
 EmbeddingsServiceDep = Annotated[EmbeddingsService, Depends(_state("embeddings_service"))]
+# None without --upstream: the front door is off.
+ChatServiceDep = Annotated[ChatService | None, Depends(_state("chat_service"))]
 SGLangBridgeDep = Annotated[SGLangEncoderBridge, Depends(_state("sglang_bridge"))]
 MetricsDep = Annotated[Metrics, Depends(_state("metrics"))]
 SettingsDep = Annotated[Settings, Depends(_state("settings"))]

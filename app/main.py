@@ -1,8 +1,9 @@
 """Assembles the application: ``create_app(settings)`` is the only place serving objects are built.
 
 It builds what every API shares (metrics, the fetcher, the local cache, the response memo, the peers'
-writers) and one serving object per API, and hands the model's lifecycle to :class:`Runtime`, which
-builds what can exist only once the model is loaded (worker, scheduler, the shared cache tier).
+writers, the chat front door's upstreams) and one serving object per API, and hands the model's
+lifecycle to :class:`Runtime`, which builds what can exist only once the model is loaded (worker,
+scheduler, the shared cache tier).
 
 It changes nothing outside the app (GC, the event loop's executor, other threads' torch settings):
 process-wide tuning is `mmencode serve`'s (app/cli.py), so several apps can live in one process.
@@ -24,15 +25,16 @@ from mmencode.app.cache import LRUEmbeddingCache, ResponseMemo
 from mmencode.app.config import Settings
 from mmencode.app.errors import install_error_handlers
 from mmencode.app.fetch import ImageFetcher
+from mmencode.app.frontdoor import FrontDoor
 from mmencode.app.integrations.sglang import SGLangEncoderBridge
 from mmencode.app.integrations.vllm import EncoderCacheWriter
 from mmencode.app.metrics import Metrics
 from mmencode.app.middleware import RequestContextMiddleware
 from mmencode.app.openapi import install_openapi
-from mmencode.app.routes import embeddings, encode, health
+from mmencode.app.routes import chat, embeddings, encode, health
 from mmencode.app.routes import sglang as sglang_routes
 from mmencode.app.runtime import Runtime, resolve_device, resolve_dtype
-from mmencode.app.services import EmbeddingsService, EncodeService
+from mmencode.app.services import ChatService, EmbeddingsService, EncodeService
 
 __all__ = ["create_app"]
 
@@ -62,10 +64,14 @@ def create_app(settings: Settings) -> FastAPI:
         metrics=metrics,
     )
 
+    front_door = FrontDoor.build(settings, metrics) if settings.upstream else None
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # Load in the background: /health answers while the model loads, /ready waits for it.
         loading = asyncio.create_task(runtime.start(), name="mmencode-load")
+        if front_door is not None:
+            front_door.pool.start()
         try:
             yield
         finally:
@@ -74,6 +80,8 @@ def create_app(settings: Settings) -> FastAPI:
                 with contextlib.suppress(asyncio.CancelledError):
                     await loading
             await runtime.stop()
+            if front_door is not None:
+                await front_door.aclose()
             await sglang_bridge.aclose()
             await fetcher.aclose()
 
@@ -93,7 +101,23 @@ def create_app(settings: Settings) -> FastAPI:
     memo = ResponseMemo(settings.response_memo_bytes)
     metrics.response_memo_bytes.set_function(lambda: float(memo.nbytes))
     app.state.encode_service = EncodeService(runtime, memo=memo, ec_writer=ec_writer, executor=runtime.io_executor)
-    app.state.embeddings_service = EmbeddingsService(runtime)
+    app.state.embeddings_service = EmbeddingsService(
+        runtime, upstream_models=front_door.pool.models if front_door is not None else None
+    )
+    app.state.chat_service = (
+        ChatService(
+            runtime,
+            front_door.pool,
+            front_door.forwarder,
+            metrics,
+            transport=settings.upstream_transport,
+            dtype=settings.upstream_dtype,
+            ec_writer=ec_writer,
+            executor=runtime.io_executor,
+        )
+        if front_door is not None
+        else None
+    )
     app.state.sglang_bridge = sglang_bridge
     # Outermost last: the request context wraps everything, the body limit sits inside it.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, metrics=metrics)
@@ -103,7 +127,7 @@ def create_app(settings: Settings) -> FastAPI:
         app.add_middleware(ApiKeyMiddleware, keys=api_keys, metrics=metrics)
     app.add_middleware(RequestContextMiddleware, metrics=metrics)
     install_error_handlers(app)
-    routers = (encode.router, embeddings.router, health.router, sglang_routes.router)
+    routers = (encode.router, embeddings.router, chat.router, health.router, sglang_routes.router)
     for router in routers:
         app.include_router(router)
     install_openapi(app, routers, bearer_protected=is_protected if api_keys else None)

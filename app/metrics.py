@@ -88,6 +88,33 @@ class Metrics:
             ["kind", "result"], registry=r,
         )  # fmt: skip
 
+        # The chat front door (app/frontdoor): per stage, and per upstream.
+        self.chat_stage_seconds = Histogram(
+            "mmencode_chat_stage_seconds",
+            "Chat front door stages: encode (the request's images, through the cache and encoder), "
+            "upstream_first_byte (sending upstream until its first answer byte: prefill, time to first "
+            "token when streaming), total (the whole answer, streamed or not).",
+            ["stage"], buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.upstream_requests = Counter(
+            "mmencode_upstream_requests",
+            "Requests sent to each upstream, by result: ok, error (it answered an error status), failed "
+            "(no answer: refused, reset, timed out; retried on another upstream while nothing was sent).",
+            ["upstream", "result"], registry=r,
+        )  # fmt: skip
+        self.upstream_in_flight = Gauge(
+            "mmencode_upstream_in_flight", "Requests each upstream is answering now.", ["upstream"], registry=r
+        )
+        self.upstream_healthy = Gauge(
+            "mmencode_upstream_healthy", "1 while an upstream is in the rotation (its health check passes).",
+            ["upstream"], registry=r,
+        )  # fmt: skip
+        self.upstream_affinity_hits = Counter(
+            "mmencode_upstream_affinity_hits",
+            "Chat requests sent to the upstream that recently received one of their images (warm caches).",
+            registry=r,
+        )
+
     def watch(self, *, queue_depth: Callable[[], float], cache_bytes: Callable[[], float]) -> None:
         """Gauges read at scrape time from their owners."""
         self.queue_depth.set_function(queue_depth)

@@ -87,7 +87,7 @@ class RequestContextMiddleware:
             quiet = not is_load and (status < 500 or code == "not_ready")
             access_log.log(
                 logging.DEBUG if quiet else logging.INFO,
-                "%s %s %s %s %d items=%s tokens=%s %.1fms%s",
+                "%s %s %s %s %d items=%s tokens=%s %.1fms%s%s",
                 request_id,
                 _client(scope),
                 method,
@@ -97,6 +97,8 @@ class RequestContextMiddleware:
                 state.get("tokens", "-"),
                 elapsed * 1000,
                 f" code={code}" if code else "",
+                # The chat front door's upstream(s) asked, so a slow or failed answer names its server.
+                f" upstream={state['upstream']}" if state.get("upstream") else "",
             )
 
 

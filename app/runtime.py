@@ -24,6 +24,7 @@ from mmencode.app.scheduler import Limits, Scheduler
 from mmencode.app.torch_threads import SerialTorchThreadPool, in_executor, serial_torch_ops
 from mmencode.app.worker import EncoderWorker
 from mmencode.models import CheckpointError, EncoderAdapter, load_encoder
+from mmencode.models.catalog import VLLM_EC_ONLY
 
 __all__ = [
     "DRAIN_GRACE_S",
@@ -136,6 +137,7 @@ class Runtime:
         logger.info("loading the model from %s; /health answers now, /ready once it is loaded", self.model_dir)
         try:
             adapter = await in_executor(self.io_executor, self._load)
+            self._check_front_door(adapter)
             self.compute_gate.enabled = exclusive_forward_on(self.settings.exclusive_forward, adapter.device)
             worker = EncoderWorker(
                 adapter,
@@ -205,6 +207,15 @@ class Runtime:
             dtype=resolve_dtype(self.settings.dtype, device),
             image_processor_backend=self.settings.image_processor_backend,
         )
+
+    def _check_front_door(self, adapter: EncoderAdapter) -> None:
+        """The chat front door's transport must be one vLLM takes this family's rows through."""
+        if self.settings.upstream and self.settings.upstream_transport == "embeds" and adapter.family in VLLM_EC_ONLY:
+            raise CheckpointError(
+                f"vLLM takes no image_embeds part for {adapter.family} models, so the front door cannot forward "
+                "their rows inside the request: start with --upstream-transport ec and --ec-shared-storage DIR "
+                "(the directory the upstreams' ECExampleConnector reads)"
+            )
 
     def _shared_cache(self, adapter: EncoderAdapter) -> SharedCache:
         settings = self.settings

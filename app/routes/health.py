@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import Response
 
-from mmencode.app.deps import MetricsDep, RuntimeDep
+from mmencode.app.deps import ChatServiceDep, MetricsDep, RuntimeDep
 from mmencode.app.errors import NotReady
 from mmencode.app.openapi import ERROR_RESPONSES
 
@@ -25,16 +25,21 @@ async def health() -> dict[str, str]:
     summary="Readiness: 200 once the model is loaded and warmed up",
     responses={503: ERROR_RESPONSES[503]},
 )
-async def ready(runtime: RuntimeDep) -> dict[str, Any]:
+async def ready(runtime: RuntimeDep, chat: ChatServiceDep) -> dict[str, Any]:
     if not runtime.ready:
         raise NotReady(runtime.not_ready_reason(), details={"phase": runtime.phase.value})
     assert runtime.adapter is not None  # ready means loaded
-    return {
+    answer: dict[str, Any] = {
         "status": "ready",
         "model": runtime.model_name,
         "phase": runtime.phase.value,
         "image_processor_backend": runtime.adapter.image_processor_backend,
     }
+    if chat is not None:
+        # Informational: the encoder serves whatever the upstreams' state; a chat request without one
+        # available answers 503 upstream_unavailable itself.
+        answer["upstreams"] = chat.pool.status()
+    return answer
 
 
 @router.get(

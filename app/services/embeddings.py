@@ -6,6 +6,7 @@ whose DeepStack levels ride beside the main embedding and are left out.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from mmencode.app.errors import UnsupportedParameter
@@ -19,8 +20,10 @@ __all__ = ["EmbeddingsService"]
 
 
 class EmbeddingsService:
-    def __init__(self, model: ServedModel) -> None:
+    def __init__(self, model: ServedModel, *, upstream_models: Callable[[], list[str]] | None = None) -> None:
         self._model = model
+        # The chat front door's upstreams' models, listed beside the encoder's own.
+        self._upstream_models = upstream_models
 
     async def embed(self, body: EmbeddingsRequest) -> dict[str, Any]:
         """OpenAI's answer, with ``usage`` counting the images' rows."""
@@ -55,4 +58,8 @@ class EmbeddingsService:
             created=self._model.started_at,
             image_processor_backend=self._model.image_processor_backend,
         )
-        return ModelList(data=[card])
+        cards = [card]
+        for name in self._upstream_models() if self._upstream_models is not None else []:
+            if name != card.id:
+                cards.append(ModelCard(id=name, created=self._model.started_at, owned_by="upstream"))
+        return ModelList(data=cards)

@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers import free_port
 
@@ -51,6 +52,12 @@ class VllmServer:
     def alive(self) -> bool:
         return self.process.poll() is None
 
+    def kill(self) -> None:
+        """SIGKILL the server's whole process group: it dies mid-request, as in a crash."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=30)
+
     def log_tail(self, chars: int = 6000) -> str:
         return self.log.read_text(errors="replace")[-chars:]
 
@@ -63,6 +70,7 @@ def vllm_server(
     use_fast: bool | None,
     dtype: str = "float32",
     ec_storage: Path | None = None,
+    images_per_prompt: int = 1,
 ) -> Iterator[VllmServer]:
     """``vllm serve model`` on 127.0.0.1; ``use_fast=False``: the PIL image processor, None: vLLM's default.
 
@@ -78,7 +86,7 @@ def vllm_server(
         "--dtype", dtype,
         "--max-model-len", "2048",
         "--max-num-seqs", "4",
-        "--limit-mm-per-prompt", json.dumps({"image": 1, "video": 0}),
+        "--limit-mm-per-prompt", json.dumps({"image": images_per_prompt, "video": 0}),
         "--enable-mm-embeds",
         "--no-enable-prefix-caching",
         "--seed", "0",
@@ -207,3 +215,19 @@ def _token_id(token: str) -> int:
     prefix = "token_id:"
     assert token.startswith(prefix), token
     return int(token.removeprefix(prefix))
+
+
+def metric(server: VllmServer, name: str, **labels: str) -> float:
+    """The sum of a vLLM metric's samples whose labels include ``labels`` (0 when it has none)."""
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+    return total
+
+
+def chat_requests_received(server: VllmServer) -> float:
+    """Chat requests vLLM's HTTP server has answered, whatever their status."""
+    return metric(server, "http_requests_total", handler="/v1/chat/completions")
