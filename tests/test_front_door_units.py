@@ -142,6 +142,13 @@ def test_the_route_is_404_without_upstreams() -> None:
     assert answer.json()["error"]["code"] == "not_found" and "--upstream" in answer.json()["error"]["message"]
 
 
+def test_the_api_key_covers_the_front_door() -> None:
+    app = create_app(Settings(api_key=["s3cret-key-for-tests"], upstream=["http://127.0.0.1:9"]))
+    client = TestClient(app)  # no lifespan: the key is checked before anything is loaded or sent
+    answer = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+    assert answer.status_code == 401 and answer.json()["error"]["code"] == "invalid_api_key"
+
+
 # ----- choosing an upstream -----
 
 

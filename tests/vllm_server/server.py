@@ -71,11 +71,13 @@ def vllm_server(
     dtype: str = "float32",
     ec_storage: Path | None = None,
     images_per_prompt: int = 1,
+    prefix_caching: bool = False,
 ) -> Iterator[VllmServer]:
     """``vllm serve model`` on 127.0.0.1; ``use_fast=False``: the PIL image processor, None: vLLM's default.
 
     ``ec_storage``: started as an ``ECExampleConnector`` consumer on that directory. Prefix caching is
-    off so that each request runs its own prefill (the three paths must not share KV blocks).
+    off unless asked (``bench/frontdoor.py``), so that each request runs its own prefill (the paths a test
+    compares must not share KV blocks).
     """
     executable = vllm_executable()
     port = free_port()
@@ -88,7 +90,7 @@ def vllm_server(
         "--max-num-seqs", "4",
         "--limit-mm-per-prompt", json.dumps({"image": images_per_prompt, "video": 0}),
         "--enable-mm-embeds",
-        "--no-enable-prefix-caching",
+        "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching",
         "--seed", "0",
         # Eager: torch.compile's warm-up is ~20 s of each start, for a model this small no faster.
         "--enforce-eager",
