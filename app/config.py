@@ -131,7 +131,23 @@ class Settings(BaseSettings):
     max_image_bytes: ByteSize = Field(
         default=ByteSize(20 * MiB), ge=1, description="One image file's size; past it: 413."
     )
-    max_image_pixels: int = Field(default=40_000_000, ge=1, description="Width*height, checked before decoding.")
+    max_image_pixels: int = Field(
+        default=40_000_000, ge=1, description="Width*height of an image or of a video's frame, checked before decoding."
+    )
+    max_video_bytes: ByteSize = Field(
+        default=ByteSize(48 * MiB), ge=1, description="One video file's size; past it: 413."
+    )
+    max_video_frames: int = Field(
+        default=768,
+        ge=1,
+        description="Frames one video may hold (its header's count, then what decodes); past it: 413.",
+    )
+    max_video_decoded_bytes: ByteSize = Field(
+        default=ByteSize(2048 * MiB), ge=1, description="RGB bytes one video may decode to; past it: 413."
+    )
+    max_video_tokens: int = Field(
+        default=32768, ge=1, description="Rows one video may yield at the checkpoint's sampling; past it: 413."
+    )
 
     # --- URL fetching ---
     url_fetch_timeout: float = Field(default=10.0, gt=0, description="Seconds for a whole image URL fetch.")

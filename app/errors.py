@@ -134,6 +134,18 @@ class InvalidImage(InvalidRequest):
     code = "invalid_image"
 
 
+class InvalidVideo(InvalidRequest):
+    """Not a video FFmpeg decodes, truncated, without frames, or refused by the model's video processor."""
+
+    code = "invalid_video"
+
+
+class UnsupportedModality(InvalidRequest):
+    """A video (or audio) item for a model that takes images only, or a server without the decoder."""
+
+    code = "unsupported_modality"
+
+
 class ImageFetchFailed(InvalidRequest):
     code = "image_fetch_failed"
 

@@ -18,11 +18,13 @@ import re
 import socket
 import zlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from http.cookiejar import CookieJar, DefaultCookiePolicy
 
 import httpx
 
 from mmencode.app.errors import ImageFetchFailed, PayloadTooLarge, UrlNotAllowed
+from mmencode.app.images import IMAGE, MediaKind
 
 __all__ = ["ImageFetcher", "is_public_address"]
 
@@ -31,7 +33,8 @@ _REDIRECTS = {301, 302, 303, 307, 308}
 _LABEL = r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?"
 _HOSTNAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*\.?", re.IGNORECASE)
 # Answers that are certainly not an image: an HTML error or login page served with 200, an API's JSON.
-_NOT_IMAGE_TYPES = ("text", "multipart", "audio", "video", "font")
+_NOT_MEDIA_TYPES = ("text", "multipart", "font")
+_MEDIA_TYPES = ("image", "audio", "video")  # each refused where another is wanted
 _NOT_IMAGE_SUBTYPES = frozenset({"json", "xml", "html", "xhtml+xml", "javascript", "ecmascript", "x-javascript"})
 
 
@@ -104,17 +107,19 @@ class ImageFetcher:
     async def aclose(self) -> None:
         await self._client.aclose()
 
-    async def fetch(self, url: str) -> bytes:
+    async def fetch(self, url: str, *, kind: MediaKind = IMAGE, max_bytes: int | None = None) -> bytes:
+        """The body at ``url``, meant to be ``kind`` (images: up to the fetcher's ``max_bytes``)."""
+        want = _Want(kind, self.max_bytes if max_bytes is None else max_bytes)
         try:
             async with asyncio.timeout(self.timeout):
-                return await self._fetch(url)
+                return await self._fetch(url, want)
         except TimeoutError:
             raise ImageFetchFailed(
                 f"fetching {url} took longer than the timeout of {self.timeout}s",
                 details={"url": url, "reason": "timeout", "timeout": self.timeout},
             ) from None
 
-    async def _fetch(self, url: str) -> bytes:
+    async def _fetch(self, url: str, want: _Want) -> bytes:
         current = url
         for _ in range(self.max_redirects + 1):
             target = self._parse(current)
@@ -129,8 +134,8 @@ class ImageFetcher:
                         f"{current} answered HTTP {response.status_code}",
                         details={"url": current, "reason": "http_status", "status": response.status_code},
                     )
-                self._check_content_type(response, current)
-                return await self._read_capped(response, current)
+                self._check_content_type(response, current, want.kind)
+                return await self._read_capped(response, current, want)
             except httpx.HTTPError as exc:
                 raise ImageFetchFailed(
                     f"reading {current} failed: {_describe(exc)}",
@@ -226,30 +231,32 @@ class ImageFetcher:
         return addresses
 
     @staticmethod
-    def _check_content_type(response: httpx.Response, url: str) -> None:
+    def _check_content_type(response: httpx.Response, url: str, wanted: MediaKind) -> None:
         content_type = response.headers.get("content-type", "").split(";")[0].strip().lower()
         kind, _, subtype = content_type.partition("/")
-        if kind == "image" or not content_type:
+        if kind == wanted.name or not content_type:
             return
-        if kind in _NOT_IMAGE_TYPES or subtype in _NOT_IMAGE_SUBTYPES or subtype.endswith(("+json", "+xml")):
+        refused = {*_NOT_MEDIA_TYPES, *_MEDIA_TYPES} - {wanted.name}
+        if kind in refused or subtype in _NOT_IMAGE_SUBTYPES or subtype.endswith(("+json", "+xml")):
             raise ImageFetchFailed(
-                f"{url} returned {content_type!r}, not an image",
+                f"{url} returned {content_type!r}, not {'an' if wanted.name[0] in 'aeiou' else 'a'} {wanted.name}",
                 details={"url": url, "reason": "content_type", "content_type": content_type},
             )
 
-    def _too_large(self, url: str, declared: str) -> PayloadTooLarge:
+    @staticmethod
+    def _too_large(url: str, declared: str, want: _Want) -> PayloadTooLarge:
         return PayloadTooLarge(
-            f"{url} is {declared} bytes (Content-Length), over the limit of {self.max_bytes}",
-            details={"limit": "max_image_bytes", "max_bytes": self.max_bytes, "url": url},
+            f"{url} is {declared} bytes (Content-Length), over the limit of {want.max_bytes}",
+            details={"limit": want.kind.limit, "max_bytes": want.max_bytes, "url": url},
         )
 
-    async def _read_capped(self, response: httpx.Response, url: str) -> bytes:
+    async def _read_capped(self, response: httpx.Response, url: str, want: _Want) -> bytes:
         encoding = response.headers.get("content-encoding", "identity").strip().lower()
         inflater = None
         if encoding in ("", "identity"):
             declared = response.headers.get("content-length", "").strip()
-            if declared.isdigit() and int(declared) > self.max_bytes:
-                raise self._too_large(url, declared)
+            if declared.isdigit() and int(declared) > want.max_bytes:
+                raise self._too_large(url, declared, want)
         elif encoding in ("gzip", "x-gzip", "deflate"):
             # Asked for identity, got compression anyway: inflate here, never past the limit (bombs).
             inflater = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib header, detected
@@ -261,30 +268,39 @@ class ImageFetcher:
         body = bytearray()
         async for chunk in response.aiter_raw():
             if inflater is None:
-                self._append(body, chunk, url)
+                self._append(body, chunk, url, want)
                 continue
             data = chunk
             while data and not inflater.eof:
                 try:
-                    piece = inflater.decompress(data, self.max_bytes - len(body) + 1)
+                    piece = inflater.decompress(data, want.max_bytes - len(body) + 1)
                 except zlib.error as exc:
                     raise ImageFetchFailed(
                         f"{url} sent a corrupt compressed body: {exc}",
                         details={"url": url, "reason": "content_encoding"},
                     ) from None
-                self._append(body, piece, url)
+                self._append(body, piece, url, want)
                 data = inflater.unconsumed_tail
         if inflater is not None:
-            self._append(body, inflater.flush(), url)  # what zlib still holds: at most one match
+            self._append(body, inflater.flush(), url, want)  # what zlib still holds: at most one match
         return bytes(body)
 
-    def _append(self, body: bytearray, chunk: bytes, url: str) -> None:
-        if len(body) + len(chunk) > self.max_bytes:
+    @staticmethod
+    def _append(body: bytearray, chunk: bytes, url: str, want: _Want) -> None:
+        if len(body) + len(chunk) > want.max_bytes:
             raise PayloadTooLarge(
-                f"{url} is more than {self.max_bytes} bytes, over the limit",
-                details={"limit": "max_image_bytes", "max_bytes": self.max_bytes, "url": url},
+                f"{url} is more than {want.max_bytes} bytes, over the limit",
+                details={"limit": want.kind.limit, "max_bytes": want.max_bytes, "url": url},
             )
         body += chunk
+
+
+@dataclass(frozen=True, slots=True)
+class _Want:
+    """What one fetch expects: the kind of file, and how many bytes it may have."""
+
+    kind: MediaKind
+    max_bytes: int
 
 
 def _describe(exc: BaseException) -> str:

@@ -12,14 +12,23 @@ import binascii
 import io
 import re
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from mmencode.app.errors import InvalidImage, PayloadTooLarge
+from mmencode.app.errors import InvalidImage, InvalidRequest, PayloadTooLarge
 from mmencode.app.wire.b64 import decode_strict
 
-__all__ = ["decode_base64_image", "decode_image", "decode_inline_image", "is_url"]
+__all__ = [
+    "IMAGE",
+    "MediaKind",
+    "decode_base64_file",
+    "decode_base64_image",
+    "decode_image",
+    "decode_inline_image",
+    "is_url",
+]
 
 _DATA_URI = re.compile(r"data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w.+-]+=[\w.+-]+)*)(?P<b64>;base64)?,", re.I)
 _WHITESPACE = re.compile(rb"\s+")
@@ -73,26 +82,43 @@ def decode_inline_image(source: str, *, max_bytes: int) -> bytes:
         raise
 
 
+@dataclass(frozen=True, slots=True)
+class MediaKind:
+    """What an inline file is meant to be: its word in messages, data URI media type, error and limit."""
+
+    name: str  # "image", "video"
+    error: type[InvalidRequest]
+    limit: str  # the setting that bounds its bytes
+
+
+IMAGE = MediaKind("image", InvalidImage, "max_image_bytes")
+
+
 def decode_base64_image(source: str, *, max_bytes: int) -> bytes:
-    """The file bytes of a data URI or bare base64 string."""
+    """The file bytes of an image's data URI or bare base64 string."""
+    return decode_base64_file(source, max_bytes=max_bytes, kind=IMAGE)
+
+
+def decode_base64_file(source: str, *, max_bytes: int, kind: MediaKind) -> bytes:
+    """The file bytes of a data URI (whose media type must be ``kind``'s) or bare base64 string."""
     payload = source
     match = _DATA_URI.match(source)
     if match:
         if not match.group("b64"):
-            raise InvalidImage("data URI is not base64-encoded (';base64,' is required)")
+            raise kind.error("data URI is not base64-encoded (';base64,' is required)")
         mime = (match.group("mime") or "").lower()
-        if mime and not mime.startswith("image/"):
-            raise InvalidImage(f"data URI has media type {mime!r}, not an image")
+        if mime and not mime.startswith(f"{kind.name}/"):
+            raise kind.error(f"data URI has media type {mime!r}, not {_article(kind.name)}")
         payload = source[match.end() :]
     elif source[:5].lower() == "data:":
-        raise InvalidImage("malformed data URI")
+        raise kind.error("malformed data URI")
     # Base64 grows data by 4/3: refuse before decoding what cannot fit (line breaks do not count).
     raw: str | bytes = payload
     if _decoded_size(raw) > max_bytes + 3:
         raw = _without_whitespace(raw)
         if _decoded_size(raw) > max_bytes + 3:
             raise PayloadTooLarge(
-                f"image is over {max_bytes} bytes", details={"limit": "max_image_bytes", "max_bytes": max_bytes}
+                f"{kind.name} is over {max_bytes} bytes", details={"limit": kind.limit, "max_bytes": max_bytes}
             )
     try:
         # One strict SIMD pass over the usual base64 without line breaks (a whitespace-stripping regex
@@ -102,17 +128,21 @@ def decode_base64_image(source: str, *, max_bytes: int) -> bytes:
         # Line breaks (MIME-style base64) are not data: strip them and try once more.
         stripped = _without_whitespace(raw)
         if len(stripped) == len(raw):  # nothing to strip: the base64 itself is wrong
-            raise InvalidImage(f"not valid base64 ({exc})") from None
+            raise kind.error(f"not valid base64 ({exc})") from None
         try:
             data = decode_strict(stripped)
         except (binascii.Error, ValueError) as again:
-            raise InvalidImage(f"not valid base64 ({again})") from None
+            raise kind.error(f"not valid base64 ({again})") from None
     if len(data) > max_bytes:
         raise PayloadTooLarge(
-            f"image is {len(data)} bytes, over the limit of {max_bytes}",
-            details={"limit": "max_image_bytes", "max_bytes": max_bytes, "bytes": len(data)},
+            f"{kind.name} is {len(data)} bytes, over the limit of {max_bytes}",
+            details={"limit": kind.limit, "max_bytes": max_bytes, "bytes": len(data)},
         )
     return data
+
+
+def _article(noun: str) -> str:
+    return f"an {noun}" if noun[0] in "aeiou" else f"a {noun}"
 
 
 def _decoded_size(encoded: str | bytes) -> int:

@@ -22,6 +22,7 @@ from mmencode.app.fetch import ImageFetcher
 from mmencode.app.metrics import Metrics
 from mmencode.app.scheduler import Limits, Scheduler
 from mmencode.app.torch_threads import SerialTorchThreadPool, in_executor, serial_torch_ops
+from mmencode.app.videos import VideoLimits
 from mmencode.app.worker import EncoderWorker
 from mmencode.models import CheckpointError, EncoderAdapter, load_encoder
 from mmencode.models.catalog import VLLM_EC_ONLY
@@ -170,6 +171,13 @@ class Runtime:
             max_image_pixels=self.settings.max_image_pixels,
             max_embedding_bytes=self.settings.max_body_bytes,
             request_timeout=self.settings.request_timeout,
+            max_video_bytes=self.settings.max_video_bytes,
+            video=VideoLimits(
+                max_frames=self.settings.max_video_frames,
+                max_frame_pixels=self.settings.max_image_pixels,
+                max_decoded_bytes=self.settings.max_video_decoded_bytes,
+            ),
+            max_video_tokens=self.settings.max_video_tokens,
         )
         self.adapter, self.worker = adapter, worker
         tiers: list[CacheTier] = [self.local_cache]

@@ -20,6 +20,7 @@ from mmencode.app.cache import CachedEmbedding, TieredCache, content_hash
 from mmencode.app.errors import (
     InternalError,
     InvalidImage,
+    InvalidVideo,
     ItemLocation,
     MissingMetadata,
     NotReady,
@@ -31,19 +32,24 @@ from mmencode.app.errors import (
     ServiceError,
     TokenCountMismatch,
     UnknownHash,
+    UnsupportedModality,
     ValidationFailed,
 )
 from mmencode.app.fetch import ImageFetcher
-from mmencode.app.images import decode_image, decode_inline_image, is_url
+from mmencode.app.images import decode_base64_file, decode_image, decode_inline_image, is_url
 from mmencode.app.metrics import Metrics
 from mmencode.app.precomputed import decode_precomputed
+from mmencode.app.videos import VIDEO, VideoLimits, decode_video, video_support
 from mmencode.app.worker import EncoderWorker, QueueFull, Reservation, TokenDrift, WorkerStopped
 from mmencode.models import EncoderAdapter, MetadataError, PreparedImage
+from mmencode.models.base import VideoSampling
+from mmencode.models.errors import UnsupportedModalityError
 from mmencode.schemas.encode import PrecomputedEmbedding
 
-__all__ = ["ItemInput", "ItemResult", "Limits", "Scheduler"]
+__all__ = ["ItemInput", "ItemResult", "Limits", "Modality", "Scheduler"]
 
 PrecomputedMode = Literal["strict", "fill"]
+Modality = Literal["image", "video"]
 _INLINE_BASE64_CHARS = 1 << 20
 
 
@@ -55,6 +61,20 @@ class ItemInput:
     embedding: PrecomputedEmbedding | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
     hash: str | None = None
+    video: str | bytes | None = None  # as ``image``: an mp4, webm or mkv file
+    # What a precomputed item is (an item with a file says it by its field): which metadata it needs.
+    modality: Modality | None = None
+    sampling: VideoSampling = field(default_factory=VideoSampling)  # the checkpoint's frames unless set
+
+    @property
+    def kind(self) -> Modality:
+        if self.video is not None:
+            return "video"
+        return "image" if self.image is not None else self.modality or "image"
+
+    @property
+    def media(self) -> str | bytes | None:
+        return self.video if self.video is not None else self.image
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +97,9 @@ class Limits:
     max_image_pixels: int
     max_embedding_bytes: int
     request_timeout: float
+    max_video_bytes: int
+    video: VideoLimits
+    max_video_tokens: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +109,8 @@ class _Pending:
     index: int
     hash: str
     data: bytes
+    kind: Modality
+    sampling: VideoSampling
 
 
 class Scheduler:
@@ -130,6 +155,7 @@ class Scheduler:
                 location=ItemLocation(None, ()),
                 details={"limit": "max_items_per_request", "max_items": self.limits.max_items, "items": len(items)},
             )
+        self._check_modalities(items)
         precomputed = [i for i, item in enumerate(items) if item.embedding is not None]
         missing = [i for i, item in enumerate(items) if item.embedding is None]
         if mode == "strict" and precomputed and missing:
@@ -150,14 +176,38 @@ class Scheduler:
             self.metrics.items.labels(result.source).inc()
         return ordered
 
+    def _check_modalities(self, items: Sequence[ItemInput]) -> None:
+        """Videos only for a model that takes them, on a server that decodes them: before any work."""
+        for index, item in enumerate(items):
+            if item.kind != "video":
+                continue
+            if not self.adapter.takes_video:
+                raise UnsupportedModality(
+                    f"item {index} is a video, but this {self.adapter.family} checkpoint encodes images only here "
+                    "(videos: qwen2_vl and qwen2_5_vl checkpoints with a video processor, and torchvision)",
+                    location=ItemLocation(index, ("video",), named_in_message=True),
+                    details={"family": self.adapter.family, "modality": "video"},
+                )
+            problem = video_support() if item.video is not None else None
+            if problem is not None:
+                raise UnsupportedModality(
+                    f"item {index} is a video, which this server cannot decode: {problem}",
+                    location=ItemLocation(index, ("video",), named_in_message=True),
+                    details={"modality": "video"},
+                )
+
     # ----- precomputed items -----
     def _check_metadata(self, items: Sequence[ItemInput], indices: Sequence[int]) -> dict[int, int]:
         rows: dict[int, int] = {}
         absent: list[dict[str, Any]] = []
         malformed: list[dict[str, Any]] = []
         for index in indices:
+            item = items[index]
             try:
-                rows[index] = self.adapter.tokens_from_metadata(items[index].metadata)
+                if item.kind == "video":
+                    rows[index] = self.adapter.video_tokens_from_metadata(item.metadata)
+                else:
+                    rows[index] = self.adapter.tokens_from_metadata(item.metadata)
             except MetadataError as exc:
                 entry = {"index": index, "field": exc.field, "reason": exc.reason}
                 (absent if exc.missing else malformed).append(entry)
@@ -169,7 +219,11 @@ class Scheduler:
                 location=ItemLocation(first["index"], ("metadata", first["field"]), named_in_message=True),
                 details={
                     "family": self.adapter.family,
-                    "required": list(self.adapter.required_metadata),
+                    "required": list(
+                        self.adapter.required_video_metadata
+                        if items[first["index"]].kind == "video"
+                        else self.adapter.required_metadata
+                    ),
                     "items": absent,
                 },
             )
@@ -202,7 +256,8 @@ class Scheduler:
 
     # ----- raw items: hash, cache, decode, encode -----
     async def _resolve_raw(self, items: Sequence[ItemInput], indices: Sequence[int]) -> list[ItemResult]:
-        fetched = await _gather_in_order(indices, [self._image_bytes(i, items[i]) for i in indices])
+        kinds = {i: items[i].kind for i in indices}
+        fetched = await _gather_in_order(indices, [self._media_bytes(i, items[i]) for i in indices], kinds)
         results: list[ItemResult] = []
         pending: list[_Pending] = []
         # The same image twice in one request is decoded and encoded once; its copies share the rows.
@@ -210,7 +265,7 @@ class Scheduler:
         copies: list[tuple[int, int]] = []  # (index, index of the first item with the same content)
         unique: list[tuple[int, bytes | None, str]] = []
         for index, data in zip(indices, fetched, strict=True):
-            key = items[index].hash if data is None else content_hash(self.adapter.fingerprint, data)
+            key = items[index].hash if data is None else content_hash(self._identity(items[index]), data)
             assert key is not None  # an item without image bytes came with a hash
             if key in first_of:
                 copies.append((index, first_of[key]))
@@ -228,7 +283,7 @@ class Scheduler:
                     details={"hash": key},
                 )
             else:
-                pending.append(_Pending(index, key, data))
+                pending.append(_Pending(index, key, data, items[index].kind, items[index].sampling))
         if pending:
             results.extend(await self._encode_pending(pending))
         by_index = {result.index: result for result in results}
@@ -244,7 +299,8 @@ class Scheduler:
         with self._reserve() as reservation:
             prepared = await _gather_in_order(
                 [p.index for p in pending],
-                [loop.run_in_executor(self.pool, self._prepare, p.data) for p in pending],
+                [loop.run_in_executor(self.pool, self._prepare, p) for p in pending],
+                {p.index: p.kind for p in pending},
             )
             rows = await self._run_encoder(prepared, [p.index for p in pending], reservation)
         for entry, item, item_rows in zip(pending, prepared, rows, strict=True):
@@ -252,33 +308,68 @@ class Scheduler:
             results.append(ItemResult(entry.index, "encoder", entry.hash, dict(item.metadata), item_rows))
         return results
 
-    async def _image_bytes(self, index: int, item: ItemInput) -> bytes | None:
-        """The file bytes of an item's image; ``None`` for an item that only names a hash."""
-        if item.image is None:
-            return None
-        if isinstance(item.image, bytes):
-            if len(item.image) > self.limits.max_image_bytes:
-                raise PayloadTooLarge(
-                    f"image is {len(item.image)} bytes, over the limit of {self.limits.max_image_bytes}",
-                    details={"limit": "max_image_bytes", "max_bytes": self.limits.max_image_bytes},
-                )
-            return item.image
-        if is_url(item.image):
-            return await self.fetcher.fetch(item.image)
-        # SIMD base64 takes ~50 us per MB: below that, a thread hop (a wake-up of the loop) costs more.
-        if len(item.image) < _INLINE_BASE64_CHARS:
-            return decode_inline_image(item.image, max_bytes=self.limits.max_image_bytes)
-        return await asyncio.get_running_loop().run_in_executor(
-            self.pool, lambda: decode_inline_image(str(item.image), max_bytes=self.limits.max_image_bytes)
-        )
+    def _identity(self, item: ItemInput) -> str:
+        """What a content hash covers beside the file's bytes: the model, and for a video the video
+        processor's settings and the frames asked for (other frames, other rows)."""
+        if item.kind == "video":
+            return f"{self.adapter.fingerprint};video;{self.adapter.video_fingerprint};{item.sampling.key}"
+        return self.adapter.fingerprint
 
-    def _prepare(self, data: bytes) -> PreparedImage:
-        """Decode and preprocess one image; runs on the pool."""
-        image = decode_image(data, max_pixels=self.limits.max_image_pixels)
+    async def _media_bytes(self, index: int, item: ItemInput) -> bytes | None:
+        """The file bytes of an item's image or video; ``None`` for an item that only names a hash."""
+        media = item.media
+        if media is None:
+            return None
+        video = item.kind == "video"
+        max_bytes = self.limits.max_video_bytes if video else self.limits.max_image_bytes
+        if isinstance(media, bytes):
+            if len(media) > max_bytes:
+                raise PayloadTooLarge(
+                    f"{item.kind} is {len(media)} bytes, over the limit of {max_bytes}",
+                    details={"limit": f"max_{item.kind}_bytes", "max_bytes": max_bytes},
+                )
+            return media
+        if is_url(media):
+            if video:
+                return await self.fetcher.fetch(media, kind=VIDEO, max_bytes=max_bytes)
+            return await self.fetcher.fetch(media)
+
+        def decode() -> bytes:
+            if video:
+                return decode_base64_file(media, max_bytes=max_bytes, kind=VIDEO)
+            return decode_inline_image(media, max_bytes=max_bytes)
+
+        # SIMD base64 takes ~50 us per MB: below that, a thread hop (a wake-up of the loop) costs more.
+        if len(media) < _INLINE_BASE64_CHARS:
+            return decode()
+        return await asyncio.get_running_loop().run_in_executor(self.pool, decode)
+
+    def _prepare(self, pending: _Pending) -> PreparedImage:
+        """Decode and preprocess one image or video; runs on the pool."""
+        if pending.kind == "video":
+            return self._prepare_video(pending)
+        image = decode_image(pending.data, max_pixels=self.limits.max_image_pixels)
         try:
             return self.adapter.preprocess(image)
         except ValueError as exc:  # e.g. Qwen2-VL refuses aspect ratios over 200
             raise InvalidImage(f"the model's image processor cannot take this image: {exc}") from None
+
+    def _prepare_video(self, pending: _Pending) -> PreparedImage:
+        video = decode_video(pending.data, self.limits.video)
+        try:
+            prepared = self.adapter.preprocess_video(video, pending.sampling)
+        except UnsupportedModalityError as exc:
+            raise UnsupportedModality(str(exc), details={"modality": "video"}) from None
+        except ValueError as exc:  # e.g. more frames asked for than the clip has
+            raise InvalidVideo(f"the model's video processor cannot take this video: {exc}") from None
+        limit = self.limits.max_video_tokens
+        if prepared.num_tokens > limit:
+            raise PayloadTooLarge(
+                f"the video yields {prepared.num_tokens} rows at this sampling, over the limit of {limit} "
+                "(--max-video-tokens); ask for fewer frames (fps, num_frames) or send a smaller video",
+                details={"limit": "max_video_tokens", "max_tokens": limit, "rows": prepared.num_tokens},
+            )
+        return prepared
 
     def _reserve(self) -> Reservation:
         try:
@@ -323,12 +414,15 @@ class Scheduler:
             raise InternalError(f"the encoder failed on this request: {type(exc).__name__}") from exc
 
 
-async def _gather_in_order(indices: Sequence[int], awaitables: Sequence[Any]) -> list[Any]:
-    """Await all; if any failed, raise the failure of the lowest item index, located at that item."""
+async def _gather_in_order(
+    indices: Sequence[int], awaitables: Sequence[Any], kinds: Mapping[int, Modality] | None = None
+) -> list[Any]:
+    """Await all; if any failed, raise the failure of the lowest item index, located at that item (its
+    ``image`` or ``video`` field, as ``kinds`` says)."""
     outcomes = await asyncio.gather(*awaitables, return_exceptions=True)
     for index, outcome in zip(indices, outcomes, strict=True):
         if isinstance(outcome, ServiceError):
-            raise outcome.at_item(index)
+            raise outcome.at_item(index, ((kinds or {}).get(index, "image"),))
         if isinstance(outcome, BaseException):
             raise outcome
     return list(outcomes)

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from PIL import Image
 from transformers import AutoConfig
 
-from mmencode.models.errors import MetadataError
+from mmencode.models.errors import MetadataError, UnsupportedModalityError
 from mmencode.models.processor_backend import Backend, processor_class_for
 from mmencode.models.processor_config import ProcessorConfig, read_processor_config
 from mmencode.models.weights import KeyMap
@@ -35,6 +36,34 @@ class PreparedImage:
     metadata: dict[str, Any]
     # Rows the preprocessor predicts this image yields: the placeholder count on the language side.
     num_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedVideo:
+    """Every frame of a clip, as decoded: ``(frames, height, width, 3)`` uint8 RGB, and its frame rate."""
+
+    frames: np.ndarray
+    fps: float | None
+    width: int
+    height: int
+
+    @property
+    def total_frames(self) -> int:
+        return int(self.frames.shape[0])
+
+
+@dataclass(frozen=True, slots=True)
+class VideoSampling:
+    """Which frames of a clip the video processor keeps: the checkpoint's own rule unless the item says
+    ``fps`` (frames per second) or ``num_frames``, as transformers' processor call arguments do."""
+
+    fps: float | None = None
+    num_frames: int | None = None
+
+    @property
+    def key(self) -> str:
+        """Part of a video item's content hash: other frames, other rows."""
+        return f"fps={self.fps};num_frames={self.num_frames}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +102,8 @@ class EncoderAdapter(abc.ABC):
         fingerprint: str,
         processor_config: ProcessorConfig | None = None,
         image_processor_backend: Backend = "pil",
+        video_processor: Any | None = None,
+        video_fingerprint: str = "",
     ) -> None:
         self.module = module
         self.processor = processor
@@ -86,6 +117,10 @@ class EncoderAdapter(abc.ABC):
         self.processor_config = processor_config or ProcessorConfig(image_processor={})
         # Which implementation ``processor`` is: part of the fingerprint, shown by /v1/models and /ready.
         self.image_processor_backend = image_processor_backend
+        # The checkpoint's video processor (torchvision only), for the families that take videos; and
+        # the identity of its settings, part of every video item's hash (never of an image's).
+        self.video_processor = video_processor
+        self.video_fingerprint = video_fingerprint
 
     @classmethod
     def load_config(cls, checkpoint: Path) -> Any:
@@ -125,6 +160,24 @@ class EncoderAdapter(abc.ABC):
     @abc.abstractmethod
     def tokens_from_metadata(self, metadata: Mapping[str, Any]) -> int:
         """Rows an item with this metadata yields; raises :class:`MetadataError` when it cannot tell."""
+
+    # ----- video (the families whose towers take clips) -----
+    # Metadata fields a precomputed video item must carry.
+    required_video_metadata: ClassVar[tuple[str, ...]] = ()
+    # The transformers video processor class the family's checkpoints name, when it has one.
+    video_processor_class: ClassVar[str | None] = None
+
+    @property
+    def takes_video(self) -> bool:
+        return self.video_processor is not None
+
+    def preprocess_video(self, video: DecodedVideo, sampling: VideoSampling) -> PreparedImage:
+        """Run the checkpoint's video processor on one clip. Thread-safe, CPU only."""
+        raise UnsupportedModalityError(f"{self.family} models take images only")
+
+    def video_tokens_from_metadata(self, metadata: Mapping[str, Any]) -> int:
+        """Rows a video item with this metadata yields (as :meth:`tokens_from_metadata`)."""
+        raise UnsupportedModalityError(f"{self.family} models take images only")
 
     @abc.abstractmethod
     def _forward(self, batch: dict[str, torch.Tensor], items: Sequence[PreparedImage]) -> EncoderOutput:

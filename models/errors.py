@@ -15,3 +15,7 @@ class MetadataError(ValueError):
         self.field = field
         self.reason = reason
         self.missing = missing
+
+
+class UnsupportedModalityError(ValueError):
+    """This family (or this checkpoint, lacking a video processor) does not encode the item's modality."""

@@ -18,6 +18,7 @@ from mmencode.models.qwen2_vl import Qwen2VLAdapter
 
 class Glm4vAdapter(Qwen2VLAdapter):
     family = "glm4v"
+    video_processor_class = None  # their video processors differ from Qwen2-VL's: not served yet
     tower_class: ClassVar[type[torch.nn.Module]] = Glm4vVisionModel
     processor_class: ClassVar[type] = Glm4vImageProcessorPil
 

@@ -94,6 +94,7 @@ class KimiEncoder(torch.nn.Module):
 
 class KimiAdapter(Qwen2VLAdapter):
     family = "kimi_k25"
+    video_processor_class = None  # their video processors differ from Qwen2-VL's: not served yet
     tower_class: ClassVar[type[torch.nn.Module]] = KimiEncoder
     weight_prefixes: ClassVar[tuple[str, ...]] = ("model.", "")
     key_maps = _KIMI_LAYOUTS

@@ -17,10 +17,11 @@ from PIL import Image
 from transformers import Qwen2VLImageProcessorPil
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
 from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
+from transformers.video_utils import VideoMetadata
 
-from mmencode.models.base import EncoderAdapter, EncoderOutput, PreparedImage
+from mmencode.models.base import DecodedVideo, EncoderAdapter, EncoderOutput, PreparedImage, VideoSampling
 from mmencode.models.dynamic_preprocess import DynamicResolutionPreprocessor
-from mmencode.models.errors import MetadataError
+from mmencode.models.errors import MetadataError, UnsupportedModalityError
 
 
 class Qwen2VLAdapter(EncoderAdapter):
@@ -60,7 +61,9 @@ class Qwen2VLAdapter(EncoderAdapter):
         )
 
     def tokens_from_metadata(self, metadata: Mapping[str, Any]) -> int:
-        field = "image_grid_thw"
+        return self._tokens_of_grid(metadata, "image_grid_thw")
+
+    def _tokens_of_grid(self, metadata: Mapping[str, Any], field: str) -> int:
         grid = self._int_list(metadata, field, ("t", "h", "w"))
         if (grid[1] % self.merge_size) or (grid[2] % self.merge_size):
             raise MetadataError(
@@ -69,6 +72,48 @@ class Qwen2VLAdapter(EncoderAdapter):
                 missing=False,
             )
         return math.prod(grid) // self.merge_size**2
+
+    # ----- video: the same tower, over patches that span `temporal_patch_size` frames -----
+    video_processor_class: ClassVar[str | None] = "Qwen2VLVideoProcessor"
+    required_video_metadata = ("video_grid_thw",)
+
+    def preprocess_video(self, video: DecodedVideo, sampling: VideoSampling) -> PreparedImage:
+        if self.video_processor is None:
+            raise UnsupportedModalityError(
+                f"this {self.family} checkpoint serves images only here: it has no video processor settings, "
+                "or torchvision is missing"
+            )
+        duration = video.total_frames / video.fps if video.fps else None
+        clip = VideoMetadata(
+            total_num_frames=video.total_frames,
+            fps=video.fps,
+            width=video.width,
+            height=video.height,
+            duration=duration,
+        )
+        options: dict[str, Any] = {}
+        if sampling.fps is not None or sampling.num_frames is not None:
+            options = {"do_sample_frames": True, "fps": sampling.fps, "num_frames": sampling.num_frames}
+        out = self.video_processor(
+            videos=[video.frames], video_metadata=[clip], return_tensors="pt", return_metadata=True, **options
+        )
+        grid = out["video_grid_thw"]
+        t, h, w = (int(v) for v in grid[0])
+        return PreparedImage(
+            # The tower takes a clip's patches as it takes an image's: one batch may hold both.
+            tensors={"pixel_values": out["pixel_values_videos"], "image_grid_thw": grid},
+            metadata={"video_grid_thw": [t, h, w], **self._video_timing(out["video_metadata"][0])},
+            num_tokens=t * h * w // self.merge_size**2,
+        )
+
+    def _video_timing(self, clip: VideoMetadata) -> dict[str, Any]:
+        """What the language side needs beside the grid to place a clip's rows in time (none for Qwen2-VL)."""
+        return {}
+
+    def video_tokens_from_metadata(self, metadata: Mapping[str, Any]) -> int:
+        if self.video_processor_class is None:
+            raise UnsupportedModalityError(f"{self.family} models take images only here")
+        return self._tokens_of_grid(metadata, "video_grid_thw")
 
     def _forward(self, batch: dict[str, torch.Tensor], items: Sequence[PreparedImage]) -> EncoderOutput:
         out = self.module(hidden_states=batch["pixel_values"], grid_thw=batch["image_grid_thw"])
@@ -79,6 +124,11 @@ class Qwen2VLAdapter(EncoderAdapter):
 class Qwen2_5_VLAdapter(Qwen2VLAdapter):
     family = "qwen2_5_vl"
     tower_class = Qwen2_5_VisionTransformerPretrainedModel
+
+    def _video_timing(self, clip: VideoMetadata) -> dict[str, Any]:
+        # Qwen2.5-VL's rotary time index: seconds per temporal patch, as Qwen2_5_VLProcessor computes it.
+        assert self.video_processor is not None
+        return {"second_per_grid_ts": self.video_processor.temporal_patch_size / clip.sampled_fps}
 
     @property
     def hidden_size(self) -> int:

@@ -32,6 +32,7 @@ SPLIT_FIELD = "deepstack_split"
 
 class Qwen3VLAdapter(Qwen2VLAdapter):
     family = "qwen3_vl"
+    video_processor_class = None  # their video processors differ from Qwen2-VL's: not served yet
     tower_class: ClassVar[type[torch.nn.Module]] = Qwen3VLVisionModel
 
     @property
@@ -73,6 +74,7 @@ class Qwen3VLAdapter(Qwen2VLAdapter):
 
 class Qwen3_5Adapter(Qwen2VLAdapter):
     family = "qwen3_5"
+    video_processor_class = None  # their video processors differ from Qwen2-VL's: not served yet
     tower_class: ClassVar[type[torch.nn.Module]] = Qwen3_5VisionModel
 
     @property

@@ -17,6 +17,7 @@ from mmencode.models.catalog import CATALOG, FamilyInfo
 from mmencode.models.errors import CheckpointError
 from mmencode.models.optional import require_torchvision
 from mmencode.models.processor_backend import BackendChoice, resolve_backend
+from mmencode.models.video_processor import load_video_processor
 from mmencode.models.weights import load_config_json, load_encoder_weights, weight_files
 
 __all__ = ["check_checkpoint", "load_encoder", "supported_families", "supported_model_types"]
@@ -143,6 +144,11 @@ def load_encoder(
         dtype,
         backend,
     )
+    video_processor, video_fingerprint = (
+        load_video_processor(checkpoint, adapter_cls.video_processor_class)
+        if adapter_cls.video_processor_class is not None
+        else (None, "")
+    )
     return adapter_cls(
         module,
         processor,
@@ -153,4 +159,6 @@ def load_encoder(
         fingerprint=hasher.hexdigest(),
         processor_config=processor_config,
         image_processor_backend=backend,
+        video_processor=video_processor,
+        video_fingerprint=video_fingerprint,
     )

@@ -36,11 +36,18 @@ class EncodeItem(BaseModel):
         json_schema_extra={
             "anyOf": [
                 {"required": [name], "properties": {name: {"type": kind}}}
-                for name, kind in (("image", "string"), ("hash", "string"), ("precomputed_embedding", "object"))
+                for name, kind in (
+                    ("image", "string"),
+                    ("video", "string"),
+                    ("hash", "string"),
+                    ("precomputed_embedding", "object"),
+                )
             ],
             "not": {
-                "required": ["image", "hash"],
-                "properties": {"image": {"type": "string"}, "hash": {"type": "string"}},
+                "anyOf": [
+                    {"required": [a, b], "properties": {a: {"type": "string"}, b: {"type": "string"}}}
+                    for a, b in (("image", "hash"), ("video", "hash"), ("image", "video"))
+                ]
             },
         },
     )
@@ -50,6 +57,28 @@ class EncodeItem(BaseModel):
         description="A data URI, bare base64 of the file, or an http(s) URL. In a multipart request: "
         "omitted, and the file sent as the part `items[<index>].image`.",
         min_length=1,
+    )
+    video: str | FilePart | None = Field(
+        default=None,
+        description="A video file (mp4, webm, mkv): a data URI, bare base64 of the file, or an http(s) URL. In a "
+        "multipart request: omitted, and the file sent as the part `items[<index>].video`. Models with a video "
+        "processor only (Qwen2-VL, Qwen2.5-VL).",
+        min_length=1,
+    )
+    fps: float | None = Field(
+        default=None,
+        gt=0,
+        le=240,
+        description="Video only: sample this many frames per second of the clip, instead of the checkpoint's "
+        "video processor's own rule (Qwen2-VL's: every frame).",
+    )
+    num_frames: PositiveInt | None = Field(
+        default=None, description="Video only: sample this many frames, evenly spread (instead of `fps`)."
+    )
+    modality: Literal["image", "video"] | None = Field(
+        default=None,
+        description="What the item is; needed only beside a `precomputed_embedding` of a video, to check its "
+        "metadata (`video_grid_thw`). Items with `image` or `video` say it by that field.",
     )
     precomputed_embedding: PrecomputedEmbedding | None = None
     metadata: dict[str, Any] = Field(
@@ -65,14 +94,23 @@ class EncodeItem(BaseModel):
 
     @model_validator(mode="after")
     def _has_a_source(self) -> EncodeItem:
-        if self.image is None and self.precomputed_embedding is None and self.hash is None:
-            raise ValueError("an item needs `image`, `hash` or `precomputed_embedding`")
-        if self.image is not None and self.hash is not None:
-            # Silently preferring one would hide a client bug (a stale hash, or an image sent in vain).
+        if self.image is None and self.video is None and self.precomputed_embedding is None and self.hash is None:
+            raise ValueError("an item needs `image`, `video`, `hash` or `precomputed_embedding`")
+        if self.image is not None and self.video is not None:
+            raise ValueError("an item is one `image` or one `video`, not both: send them as two items")
+        media = "image" if self.image is not None else "video" if self.video is not None else None
+        if media is not None and self.hash is not None:
+            # Silently preferring one would hide a client bug (a stale hash, or a file sent in vain).
             raise ValueError(
-                "an item takes `image` or `hash`, not both: `hash` alone reuses an earlier result without "
-                "sending the image again; drop one of them"
+                f"an item takes `{media}` or `hash`, not both: `hash` alone reuses an earlier result without "
+                f"sending the {media} again; drop one of them"
             )
+        if media is not None and self.modality is not None and self.modality != media:
+            raise ValueError(f"`modality` {self.modality!r} contradicts the item's `{media}`")
+        if self.fps is not None and self.num_frames is not None:
+            raise ValueError("`fps` and `num_frames` both choose a video's frames: give one of them")
+        if (self.fps is not None or self.num_frames is not None) and self.video is None:
+            raise ValueError("`fps` and `num_frames` choose a video's frames: they go with `video` only")
         return self
 
 

@@ -2,9 +2,10 @@
 
 Multipart comes in two forms. ``image`` file parts plus optional text fields (``model``,
 ``encoding_format``, ...): one item per file. Or a ``request`` part holding the JSON body, whose items
-may take their image or precomputed embedding from file parts named ``items[<index>].image`` and
-``items[<index>].precomputed_embedding`` (raw little-endian bytes; dtype and shape in the JSON): the
-part's bytes go where the JSON would carry text, and the request is validated as a JSON one.
+may take their image, video or precomputed embedding from file parts named ``items[<index>].image``,
+``items[<index>].video`` and ``items[<index>].precomputed_embedding`` (raw little-endian bytes; dtype
+and shape in the JSON): the part's bytes go where the JSON would carry text, and the request is
+validated as a JSON one.
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ from starlette.requests import Request
 from mmencode.app.errors import PayloadTooLarge, ServiceError, validation_error
 from mmencode.app.scheduler import ItemInput
 from mmencode.app.suggest import did_you_mean
+from mmencode.models.base import VideoSampling
 from mmencode.schemas.encode import EncodeOptions, EncodeRequest
 
 __all__ = ["MULTIPART_FIELDS", "parse_json", "read_multipart"]
 
 MULTIPART_FIELDS = {"model", "precomputed", "encoding_format", "dtype", "pooling"}
-_ITEM_PART = re.compile(r"items\[(0|[1-9][0-9]{0,8})\]\.(image|precomputed_embedding)")
+_ITEM_PART = re.compile(r"items\[(0|[1-9][0-9]{0,8})\]\.(image|video|precomputed_embedding)")
 _TWICE = "given both in `request` and as a file part"
 
 
@@ -52,7 +54,15 @@ def _parse(raw: bytes | dict[str, Any]) -> EncodeRequest:
 
 def _items(body: EncodeRequest) -> list[ItemInput]:
     return [
-        ItemInput(image=i.image, embedding=i.precomputed_embedding, metadata=i.metadata, hash=i.hash)
+        ItemInput(
+            image=i.image,
+            embedding=i.precomputed_embedding,
+            metadata=i.metadata,
+            hash=i.hash,
+            video=i.video,
+            modality=i.modality,
+            sampling=VideoSampling(fps=i.fps, num_frames=i.num_frames),
+        )
         for i in body.items
     ]
 
@@ -147,10 +157,10 @@ async def _request_with_parts(form: FormData) -> dict[str, Any]:
             continue
         item = items[index]
         data = await value.read()
-        if field == "image":
-            if item.get("image") is not None:
+        if field in ("image", "video"):
+            if item.get(field) is not None:
                 problems.append({"loc": where, "msg": _TWICE, "type": "multipart"})
-            item["image"] = data
+            item[field] = data
             continue
         embedding = item.setdefault("precomputed_embedding", {})
         if embedding is None:

@@ -12,6 +12,7 @@ The tests that kill servers come last, in file order.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -165,12 +166,18 @@ def test_streaming_yields_the_same_text(upstreams: Upstreams, door: LiveServer) 
     assert streamed_text(door.url, WIDE, TALL) == direct
 
 
-def test_text_only_requests_pass_through(upstreams: Upstreams, door: LiveServer) -> None:
+def test_text_only_requests_pass_through(
+    upstreams: Upstreams, door: LiveServer, caplog: pytest.LogCaptureFixture
+) -> None:
     body = {"messages": [{"role": "user", "content": "Say something."}], **GREEDY}
     extra = body.pop("extra_body")
     direct = client(upstreams.a.url).chat.completions.create(**body, extra_body=extra)
-    through_door = client(door.url).chat.completions.create(**body, extra_body=extra)
+    with caplog.at_level(logging.INFO, logger="mmencode.access"):
+        through_door = client(door.url).chat.completions.create(**body, extra_body=extra)
     assert through_door.choices[0].message.content == direct.choices[0].message.content
+    # The access line names the upstream that answered.
+    lines = [r.getMessage() for r in caplog.records if "/v1/chat/completions" in r.getMessage()]
+    assert lines and any(f"upstream={s.url}" in lines[-1] for s in (upstreams.a, upstreams.b))
 
 
 def test_models_lists_the_upstreams_models(door: LiveServer) -> None:

@@ -1,0 +1,247 @@
+"""Video items over HTTP, against the family's own transformers processor and model.
+
+Servable tiny checkpoints (they carry the family's ``video_preprocessor_config.json`` and a tokenizer,
+so ``AutoProcessor`` is the whole processor a user would load). Clips are encoded with PyAV
+(``tests/videos.py``); the reference decodes the same bytes with PyAV's ``rgb24`` frames, the pixels
+transformers' own PyAV loader gives its video processors. fp32 on CPU.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import av
+import httpx
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForImageTextToText, AutoProcessor
+from transformers.video_utils import VideoMetadata
+
+from tests.helpers import asgi_client, assert_error, data_uri, image_bytes, noise_image, precomputed, rows_of
+from tests.videos import clip, video_data_uri
+
+ATOL = 1e-5
+FAMILIES = ["qwen2_vl", "qwen2_5_vl"]
+# Two clips of different length and size: 9 frames (odd: the last is repeated to fill a temporal patch)
+# at 10 fps in H.264, and 6 lossless FFV1 frames at 4 fps in Matroska.
+CLIPS = {
+    "mp4": (clip(9, 80, 60, fps=10, seed=1), 10.0),
+    "mkv": (clip(6, 52, 70, fps=4, seed=2, container="mkv"), 4.0),
+}
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def checkpoint(request: pytest.FixtureRequest, tiny_checkpoint: Callable[..., Path]) -> Path:
+    return tiny_checkpoint(request.param, layout="servable")
+
+
+@pytest.fixture(scope="module")
+async def client(checkpoint: Path) -> AsyncIterator[httpx.AsyncClient]:
+    async with asgi_client(model=checkpoint, cache_bytes=0) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def reference(checkpoint: Path) -> Callable[..., dict[str, Any]]:
+    """What transformers makes of a clip: placeholder count, metadata and the rows at the placeholders."""
+    processor = AutoProcessor.from_pretrained(checkpoint)
+    model = AutoModelForImageTextToText.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    placeholder = processor.tokenizer.convert_tokens_to_ids("<|video_pad|>")
+
+    def run(data: bytes, clip_fps: float, **sampling: Any) -> dict[str, Any]:
+        with av.open(io.BytesIO(data)) as container:
+            frames = np.stack([frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)])
+        height, width = frames.shape[1:3]
+        clip_info = VideoMetadata(
+            total_num_frames=len(frames), fps=clip_fps, width=width, height=height, duration=len(frames) / clip_fps
+        )
+        options = {"do_sample_frames": True, **sampling} if sampling else {}
+        out = processor(
+            text=["<|vision_start|><|video_pad|><|vision_end|>"],
+            videos=[frames],
+            video_metadata=[clip_info],
+            return_tensors="pt",
+            cap_pixels_per_frame=False,
+            **options,
+        )
+        with torch.no_grad():
+            features = model.model.get_video_features(out["pixel_values_videos"], out["video_grid_thw"])
+        metadata: dict[str, Any] = {"video_grid_thw": out["video_grid_thw"][0].tolist()}
+        if "second_per_grid_ts" in out:
+            metadata["second_per_grid_ts"] = float(out["second_per_grid_ts"][0])
+        return {
+            "num_tokens": int((out["input_ids"] == placeholder).sum()),
+            "metadata": metadata,
+            "rows": torch.cat(list(features.pooler_output)),
+        }
+
+    return run
+
+
+def assert_same_metadata(got: dict[str, Any], want: dict[str, Any]) -> None:
+    """Grids exactly; timings as numbers (the processor's are float32 tensors)."""
+    assert set(got) == set(want)
+    for key, value in want.items():
+        assert got[key] == (pytest.approx(value) if isinstance(value, float) else value), key
+
+
+async def encode(client: httpx.AsyncClient, *items: dict[str, Any]) -> list[dict[str, Any]]:
+    response = await client.post("/v1/encode", json={"items": list(items)})
+    assert response.status_code == 200, response.text
+    return list(response.json()["items"])
+
+
+@pytest.mark.parametrize("name", sorted(CLIPS))
+async def test_a_clip_gives_the_processors_count_metadata_and_the_models_rows(
+    client: httpx.AsyncClient, reference: Callable[..., dict[str, Any]], name: str
+) -> None:
+    data, fps = CLIPS[name]
+    (item,) = await encode(client, {"video": video_data_uri(data, name)})
+    want = reference(data, fps)
+    assert item["num_tokens"] == want["num_tokens"] == item["embedding"]["shape"][0]
+    assert_same_metadata(item["metadata"], want["metadata"])
+    torch.testing.assert_close(rows_of(item), want["rows"], atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("sampling", [{"fps": 5.0}, {"num_frames": 4}])
+async def test_asked_sampling_is_the_processors(
+    client: httpx.AsyncClient, reference: Callable[..., dict[str, Any]], sampling: dict[str, Any]
+) -> None:
+    data, fps = CLIPS["mp4"]
+    (item,) = await encode(client, {"video": video_data_uri(data), **sampling})
+    want = reference(data, fps, **sampling)
+    assert item["metadata"]["video_grid_thw"][0] < 5  # fewer frames than the whole clip's 5 temporal patches
+    assert item["num_tokens"] == want["num_tokens"]
+    assert_same_metadata(item["metadata"], want["metadata"])
+    torch.testing.assert_close(rows_of(item), want["rows"], atol=ATOL, rtol=0)
+
+
+async def test_two_clips_and_an_image_in_one_request_equal_each_alone(client: httpx.AsyncClient) -> None:
+    items = [
+        {"video": video_data_uri(CLIPS["mp4"][0])},
+        {"image": data_uri(noise_image(61, 47, seed=5))},
+        {"video": video_data_uri(CLIPS["mkv"][0], "mkv")},
+    ]
+    together = await encode(client, *items)
+    for item, alone in zip(together, [(await encode(client, item))[0] for item in items], strict=True):
+        assert item["num_tokens"] == alone["num_tokens"] and item["metadata"] == alone["metadata"]
+        torch.testing.assert_close(rows_of(item), rows_of(alone), atol=ATOL, rtol=0)
+
+
+async def test_a_video_uploaded_as_a_file_part_equals_the_same_in_json(client: httpx.AsyncClient) -> None:
+    data = CLIPS["mp4"][0]
+    (inline,) = await encode(client, {"video": video_data_uri(data)})
+    response = await client.post(
+        "/v1/encode",
+        data={"request": '{"items": [{}]}'},
+        files={"items[0].video": ("clip.mp4", data, "video/mp4")},
+    )
+    assert response.status_code == 200, response.text
+    uploaded = response.json()["items"][0]
+    assert uploaded["hash"] == inline["hash"]
+    torch.testing.assert_close(rows_of(uploaded), rows_of(inline), atol=0, rtol=0)
+
+
+async def test_the_frames_asked_for_are_part_of_the_hash(client: httpx.AsyncClient) -> None:
+    data = video_data_uri(CLIPS["mp4"][0])
+    hashes = {(await encode(client, {"video": data, **s}))[0]["hash"] for s in ({}, {"fps": 5.0}, {"num_frames": 4})}
+    image_of_the_same_bytes = {"image": data_uri(noise_image(8, 8))}
+    assert len(hashes) == 3
+    assert (await encode(client, image_of_the_same_bytes))[0]["hash"] not in hashes
+
+
+async def test_precomputed_video_rows_are_checked_against_the_video_grid(client: httpx.AsyncClient) -> None:
+    (item,) = await encode(client, {"video": video_data_uri(CLIPS["mp4"][0])})
+    rows = rows_of(item)
+    given = {"precomputed_embedding": precomputed(rows), "modality": "video", "metadata": item["metadata"]}
+    (echoed,) = await encode(client, given)
+    assert echoed["source"] == "precomputed" and echoed["num_tokens"] == item["num_tokens"]
+    # Without the grid: named, with the field a video needs.
+    response = await client.post("/v1/encode", json={"items": [{**given, "metadata": {}}]})
+    error = assert_error(response, 400, "missing_metadata")
+    assert error["param"] == "items[0].metadata.video_grid_thw"
+    assert error["details"]["required"] == ["video_grid_thw"]
+    # The rows of one temporal patch fewer than the grid says.
+    short = {**given, "precomputed_embedding": precomputed(rows[: -item["num_tokens"] // 5])}
+    response = await client.post("/v1/encode", json={"items": [short]})
+    assert_error(response, 400, "precomputed_shape_mismatch")
+
+
+# ----- hostile and mistaken inputs: a clear 4xx each, and the service serves on -----
+
+
+def _truncated() -> bytes:
+    data = clip(9, 80, 60, fps=10, seed=3)
+    return data[: len(data) * 2 // 3]
+
+
+def _no_frames() -> bytes:
+    buffer = io.BytesIO()
+    with av.open(buffer, mode="w", format="mp4") as output:
+        stream = output.add_stream("libx264", rate=10)
+        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+        output.start_encoding()  # the header and an empty stream: no frame is ever written
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("field", "data", "status", "code"),
+    [
+        ("video", _truncated(), 400, "invalid_video"),
+        ("video", _no_frames(), 400, "invalid_video"),
+        ("video", image_bytes(noise_image(64, 48)), 400, "invalid_video"),  # an image sent as a video
+        ("image", CLIPS["mp4"][0], 400, "invalid_image"),  # a video sent as an image
+        ("video", b"\x00\x00\x00\x18ftypmp42" + bytes(200), 400, "invalid_video"),
+    ],
+    ids=["truncated", "no-frames", "image-as-video", "video-as-image", "header-only"],
+)
+async def test_a_bad_video_is_refused_and_the_service_serves_on(
+    client: httpx.AsyncClient, field: str, data: bytes, status: int, code: str
+) -> None:
+    import base64
+
+    response = await client.post("/v1/encode", json={"items": [{field: base64.b64encode(data).decode()}]})
+    error = assert_error(response, status, code)
+    assert error["param"] == f"items[0].{field}"
+    assert (await encode(client, {"video": video_data_uri(CLIPS["mkv"][0], "mkv")}))[0]["num_tokens"] > 0
+
+
+async def test_a_long_video_is_refused_from_its_header_and_by_its_rows(checkpoint: Path) -> None:
+    async with asgi_client(model=checkpoint, max_video_frames=4, max_video_tokens=100) as small:
+        response = await small.post("/v1/encode", json={"items": [{"video": video_data_uri(CLIPS["mp4"][0])}]})
+        error = assert_error(response, 413, "payload_too_large")
+        assert error["details"]["limit"] == "max_video_frames" and "9 frames" in error["message"]
+        response = await small.post("/v1/encode", json={"items": [{"video": video_data_uri(clip(4, 80, 60, seed=4))}]})
+        error = assert_error(response, 413, "payload_too_large")
+        assert error["details"]["limit"] == "max_video_tokens" and error["details"]["rows"] > 100
+
+
+async def test_a_video_for_an_image_only_model_is_refused_before_any_work(
+    tiny_checkpoint: Callable[..., Path],
+) -> None:
+    async with asgi_client(model=tiny_checkpoint("siglip")) as images_only:
+        response = await images_only.post(
+            "/v1/encode", json={"items": [{"video": "https://198.51.100.1/clip.mp4"}]}
+        )  # never fetched: refused first
+    error = assert_error(response, 400, "unsupported_modality")
+    assert error["param"] == "items[0].video" and "siglip" in error["message"]
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        {"image": "QUJD" * 10, "video": "QUJD" * 10},
+        {"image": "QUJD" * 10, "fps": 2},
+        {"video": "QUJD" * 10, "fps": 2, "num_frames": 4},
+        {"video": "QUJD" * 10, "modality": "image"},
+    ],
+    ids=["image-and-video", "fps-on-image", "fps-and-num-frames", "contradicting-modality"],
+)
+async def test_contradicting_video_fields_are_a_validation_error(
+    client: httpx.AsyncClient, item: dict[str, Any]
+) -> None:
+    assert_error(await client.post("/v1/encode", json={"items": [item]}), 422, "validation_error")
