@@ -6,7 +6,13 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-ImageInput = Annotated[str, Field(min_length=1, description="An image URL or data URI.")]
+ImageInput = Annotated[
+    str,
+    Field(
+        min_length=1,
+        description="An image (or, with `modality` video or a `data:video/` URI, a video) URL or data URI.",
+    ),
+]
 
 
 class EmbeddingsRequest(BaseModel):
@@ -19,7 +25,11 @@ class EmbeddingsRequest(BaseModel):
         default="float", description="`base64`: little-endian float32 bytes. The openai client asks for it."
     )
     dimensions: int | None = Field(default=None, description="Only the model's own width is supported.")
-    modality: Literal["image"] | None = Field(default=None, description="Accepted as Infinity clients send it.")
+    modality: Literal["image", "video"] | None = Field(
+        default=None,
+        description="`video`: every input is a video. Unset or `image`: images, except `data:video/...` URIs. "
+        "Infinity's clients send `image`.",
+    )
     user: str | None = None
 
 

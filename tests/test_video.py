@@ -171,6 +171,21 @@ async def test_precomputed_video_rows_are_checked_against_the_video_grid(client:
     assert_error(response, 400, "precomputed_shape_mismatch")
 
 
+async def test_embeddings_give_one_vector_per_video(client: httpx.AsyncClient) -> None:
+    uri = video_data_uri(CLIPS["mp4"][0])
+    (item,) = await encode(client, {"video": uri})
+    mean = rows_of(item).mean(dim=0)
+    want = mean / mean.norm()
+    bare = uri.split(",", 1)[1]  # no media type: `modality` says it is a video
+    model = (await client.get("/v1/models")).json()["data"][0]["id"]
+    for body in ({"input": [uri]}, {"input": bare, "modality": "video"}):
+        response = await client.post("/v1/embeddings", json={"model": model, **body})
+        assert response.status_code == 200, response.text
+        vector = torch.tensor(response.json()["data"][0]["embedding"])
+        torch.testing.assert_close(vector, want, atol=1e-6, rtol=0)
+        assert response.json()["usage"]["prompt_tokens"] == item["num_tokens"]
+
+
 # ----- hostile and mistaken inputs: a clear 4xx each, and the service serves on -----
 
 

@@ -38,7 +38,7 @@ class EmbeddingsService:
                 details={"requested": body.dimensions, "supported": [width]},
             )
         inputs = [body.input] if isinstance(body.input, str) else body.input
-        results = await scheduler.encode([ItemInput(image=image) for image in inputs])
+        results = await scheduler.encode([_item(source, body.modality) for source in inputs])
         tokens = sum(result.num_tokens for result in results)
         data = []
         for result in results:
@@ -63,3 +63,10 @@ class EmbeddingsService:
             if name != card.id:
                 cards.append(ModelCard(id=name, created=self._model.started_at, owned_by="upstream"))
         return ModelList(data=cards)
+
+
+def _item(source: str, modality: str | None) -> ItemInput:
+    """An input as an item: a video when the request says so or its data URI is one, else an image."""
+    if modality == "video" or source[:11].lower() == "data:video/":
+        return ItemInput(video=source)
+    return ItemInput(image=source)

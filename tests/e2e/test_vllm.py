@@ -21,6 +21,7 @@ from mmencode.app.integrations.vllm import EC_CACHE_FILENAME
 from mmencode.models import load_encoder
 from tests.helpers import LiveServer, assert_error, data_uri, live_server, noise_image, readme_python, rows_of
 from tests.peers.run import vllm_decode, vllm_ec_consume
+from tests.videos import clip, video_data_uri
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 IMAGES = [data_uri(noise_image(56, 56, seed=91)), data_uri(noise_image(112, 56, seed=92))]
@@ -50,6 +51,19 @@ def test_vllm_decodes_pt_and_npy_payloads_to_the_exact_rows(
         assert tensor.dtype == want_dtype
         assert list(tensor.shape) == item["embedding"]["shape"] == [item["num_tokens"], 64]
         assert torch.equal(tensor, rows.to(want_dtype))
+
+
+def test_vllm_decodes_a_video_items_pt_payload_to_the_exact_rows(qwen_server: LiveServer, tmp_path: Path) -> None:
+    """A clip's rows as a ``video_embeds`` part carries them, read by vLLM's VideoEmbeddingMediaIO."""
+    item = {"video": video_data_uri(clip(7, 72, 40, fps=8, seed=93))}
+    with qwen_server.client() as client:
+        reference = rows_of(client.post("/v1/encode", json={"items": [item]}).json()["items"][0])
+        response = client.post("/v1/encode", json={"items": [item], "encoding_format": "pt", "dtype": "bfloat16"})
+    encoded = response.json()["items"][0]
+    (tensor,) = vllm_decode([encoded["embedding"]["data"]], tmp_path, modality="video")
+    assert encoded["metadata"]["video_grid_thw"][0] == 4  # 7 frames: the last repeated to fill the 4th patch
+    assert list(tensor.shape) == [encoded["num_tokens"], 64] and tensor.dtype == torch.bfloat16
+    assert torch.equal(tensor, reference.to(torch.bfloat16))
 
 
 def test_a_pt_payload_holds_only_its_own_rows(qwen_server: LiveServer) -> None:

@@ -39,10 +39,11 @@ def _run(args: list[str], *, stdin: str | None = None, env: dict[str, str] | Non
     assert result.returncode == 0, result.stderr[-4000:]
 
 
-def vllm_decode(payloads: list[str], tmp_path: Path) -> list[torch.Tensor]:
-    """``ImageEmbeddingMediaIO.load_base64`` on each payload, in vLLM's own code."""
+def vllm_decode(payloads: list[str], tmp_path: Path, modality: str = "image") -> list[torch.Tensor]:
+    """``ImageEmbeddingMediaIO.load_base64`` (``VideoEmbeddingMediaIO``'s for videos) on each payload, in
+    vLLM's own code."""
     out = tmp_path / "vllm_decoded.pt"
-    _run([str(HERE / "vllm_decode.py"), str(out)], stdin=json.dumps(payloads))
+    _run([str(HERE / "vllm_decode.py"), str(out), modality], stdin=json.dumps(payloads))
     decoded: list[torch.Tensor] = torch.load(out, weights_only=True)
     return decoded
 
