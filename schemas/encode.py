@@ -28,11 +28,29 @@ class PrecomputedEmbedding(BaseModel):
     shape: Annotated[list[PositiveInt], Field(min_length=2, max_length=2)] = Field(description="[rows, width]")
 
 
+def _has(name: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"required": [name], "properties": {name: schema}}
+
+
+_STRING, _NUMBER, _INTEGER = {"type": "string"}, {"type": "number"}, {"type": "integer"}
+# What `_has_a_source` refuses, said in the JSON schema too (each a combination of fields set).
+_CONTRADICTIONS: list[dict[str, Any]] = [
+    {"allOf": [_has(a, _STRING), _has(b, _STRING)]}
+    for a, b in (("image", "hash"), ("video", "hash"), ("image", "video"))
+] + [
+    {"allOf": [_has("fps", _NUMBER), _has("num_frames", _INTEGER)]},
+    {"allOf": [_has("fps", _NUMBER), {"not": _has("video", _STRING)}]},
+    {"allOf": [_has("num_frames", _INTEGER), {"not": _has("video", _STRING)}]},
+    {"allOf": [_has("image", _STRING), _has("modality", {"const": "video"})]},
+    {"allOf": [_has("video", _STRING), _has("modality", {"const": "image"})]},
+]
+
+
 class EncodeItem(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
         # What `_has_a_source` checks, said in the JSON schema too: at least one source, not null, and
-        # not both an image and a hash.
+        # none of the contradictions above.
         json_schema_extra={
             "anyOf": [
                 {"required": [name], "properties": {name: {"type": kind}}}
@@ -43,12 +61,7 @@ class EncodeItem(BaseModel):
                     ("precomputed_embedding", "object"),
                 )
             ],
-            "not": {
-                "anyOf": [
-                    {"required": [a, b], "properties": {a: {"type": "string"}, b: {"type": "string"}}}
-                    for a, b in (("image", "hash"), ("video", "hash"), ("image", "video"))
-                ]
-            },
+            "not": {"anyOf": _CONTRADICTIONS},
         },
     )
 

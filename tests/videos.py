@@ -25,14 +25,22 @@ def clip_frames(frames: int, width: int, height: int, seed: int = 0) -> np.ndarr
     return out
 
 
+# container -> (FFmpeg format, codec, pixel format, media type)
+_CONTAINERS = {
+    "mp4": ("mp4", "libx264", "yuv420p", "video/mp4"),
+    "mkv": ("matroska", "ffv1", "yuv444p", "video/x-matroska"),
+    # PNG frames: lossless RGB, so every decoder (vLLM's OpenCV, mmencode's PyAV) gives the same pixels.
+    "avi": ("avi", "png", "rgb24", "video/x-msvideo"),
+}
+
+
 def clip(frames: int, width: int, height: int, *, fps: int = 10, seed: int = 0, container: str = "mp4") -> bytes:
-    """An mp4 (H.264, yuv420p) or mkv (FFV1, yuv444p) file of ``frames`` frames at ``fps``."""
-    codec = {"mp4": "libx264", "mkv": "ffv1"}[container]
+    """A file of ``frames`` frames at ``fps``: mp4 (H.264), mkv (FFV1) or avi (PNG frames)."""
+    fmt, codec, pix_fmt, _ = _CONTAINERS[container]
     buffer = io.BytesIO()
-    with av.open(buffer, mode="w", format={"mp4": "mp4", "mkv": "matroska"}[container]) as output:
+    with av.open(buffer, mode="w", format=fmt) as output:
         stream = output.add_stream(codec, rate=Fraction(fps))
-        stream.width, stream.height = width, height
-        stream.pix_fmt = "yuv420p" if codec == "libx264" else "yuv444p"
+        stream.width, stream.height, stream.pix_fmt = width, height, pix_fmt
         if codec == "libx264":
             stream.options = {"preset": "ultrafast", "crf": "18"}
         for pixels in clip_frames(frames, width, height, seed):
@@ -44,5 +52,4 @@ def clip(frames: int, width: int, height: int, *, fps: int = 10, seed: int = 0, 
 
 
 def video_data_uri(data: bytes, container: str = "mp4") -> str:
-    mime = {"mp4": "video/mp4", "mkv": "video/x-matroska"}[container]
-    return f"data:{mime};base64," + base64.b64encode(data).decode()
+    return f"data:{_CONTAINERS[container][3]};base64," + base64.b64encode(data).decode()

@@ -47,6 +47,7 @@ OPERATIONS = [
     ("POST", "/v1/encode"),
     ("POST", "/v1/embeddings"),
     ("GET", "/v1/models"),
+    ("POST", "/v1/chat/completions"),  # off on this server (no --upstream): 404 whatever the body
     ("GET", "/health"),
     ("GET", "/ready"),
     ("GET", "/metrics"),
@@ -60,6 +61,8 @@ ERROR_STATUS = {
     "missing_metadata": 400,
     "precomputed_shape_mismatch": 400,
     "invalid_image": 400,
+    "invalid_video": 400,
+    "unsupported_modality": 400,
     "image_fetch_failed": 400,
     "url_not_allowed": 400,
     "unknown_hash": 400,
@@ -193,6 +196,8 @@ def _realistic(draw: st.DrawFn, case: Any, model_name: str) -> Any:
         if isinstance(item, dict):
             # An image item only: with a random hash or embedding beside it, it would stop at 400.
             item.update(image=draw(st.sampled_from(IMAGES)), precomputed_embedding=None, hash=None)
+            for video_field in ("video", "fps", "num_frames", "modality"):
+                item.pop(video_field, None)
     if isinstance(body.get("input"), str):
         body["input"] = draw(st.sampled_from(IMAGES))
     elif isinstance(body.get("input"), list):

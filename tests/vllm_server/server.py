@@ -72,6 +72,7 @@ def vllm_server(
     ec_storage: Path | None = None,
     images_per_prompt: int = 1,
     prefix_caching: bool = False,
+    videos_per_prompt: int = 0,
 ) -> Iterator[VllmServer]:
     """``vllm serve model`` on 127.0.0.1; ``use_fast=False``: the PIL image processor, None: vLLM's default.
 
@@ -88,7 +89,7 @@ def vllm_server(
         "--dtype", dtype,
         "--max-model-len", "2048",
         "--max-num-seqs", "4",
-        "--limit-mm-per-prompt", json.dumps({"image": images_per_prompt, "video": 0}),
+        "--limit-mm-per-prompt", json.dumps({"image": images_per_prompt, "video": videos_per_prompt}),
         "--enable-mm-embeds",
         "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching",
         "--seed", "0",
