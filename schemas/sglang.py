@@ -25,11 +25,11 @@ class SGLangMediaItem(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    url: str = Field(min_length=1, description="A data URL, http(s) URL or bare base64 of the image file.")
+    url: str = Field(min_length=1, description="A data URL, http(s) URL or bare base64 of the image or video file.")
     content_hash: str | None = Field(
         default=None,
         pattern=r"^sha256:[0-9a-fA-F]{64}$",
-        description="`sha256:<hex>` of the image file's bytes; verified before encoding.",
+        description="`sha256:<hex>` of the image or video file's bytes; verified before encoding.",
     )
 
 
@@ -37,7 +37,7 @@ class SGLangEncodeRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     req_id: str = Field(min_length=1, description="The part id `<rid>_local_part_<i>`; echoed in every message.")
-    modality: str = Field(description="`IMAGE`; other modalities are refused.")
+    modality: str = Field(description="`IMAGE` or `VIDEO` (models that take videos); `AUDIO` is refused.")
     mm_items: list[str | SGLangMediaItem] = Field(min_length=1)
     num_parts: int = Field(ge=1)
     part_idx: int = Field(ge=0)
@@ -48,8 +48,8 @@ class SGLangEncodeRequest(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> SGLangEncodeRequest:
-        if self.modality.upper() != "IMAGE":
-            raise ValueError(f"unsupported modality {self.modality!r}: mmencode encodes IMAGE")
+        if self.modality.upper() not in ("IMAGE", "VIDEO"):
+            raise ValueError(f"unsupported modality {self.modality!r}: mmencode encodes IMAGE and VIDEO")
         if self.part_idx >= self.num_parts:
             raise ValueError(f"part_idx must be in [0, {self.num_parts})")
         if self.embedding_port is not None and not self.prefill_host:

@@ -44,9 +44,10 @@ from mmencode.app.errors import (
     ServiceError,
 )
 from mmencode.app.fetch import ImageFetcher
-from mmencode.app.images import decode_inline_image, is_url
+from mmencode.app.images import decode_base64_file, decode_inline_image, is_url
 from mmencode.app.metrics import Metrics
 from mmencode.app.scheduler import ItemInput, ItemResult
+from mmencode.app.videos import VIDEO
 from mmencode.app.wire.encodings import TORCH_DTYPES
 from mmencode.schemas.sglang import SGLangEncodeRequest, SGLangReceiveUrlRequest
 
@@ -60,13 +61,20 @@ __all__ = [
 ]
 
 # SGLang's names: the request's `mm_items[i]`, whose image is its `url` and whose hash its `content_hash`.
-SGLANG_LOCATOR = ErrorLocator("mm_items", "mm_items[{index}]", {"image": "url", "hash": "content_hash"})
+SGLANG_LOCATOR = ErrorLocator(
+    "mm_items", "mm_items[{index}]", {"image": "url", "video": "url", "hash": "content_hash"}
+)
 
 logger = logging.getLogger("mmencode.sglang")
 
 EMBEDDING_DATA_CLASS = ("sglang.srt.disaggregation.encoder.receiver", "EmbeddingData")
 MODALITY_CLASS = ("sglang.srt.multimodal.modality", "Modality")
-_IMAGE = 1  # sglang.srt.multimodal.modality.Modality.IMAGE
+# sglang.srt.multimodal.modality.Modality's values, and the item metadata SGLang's receiver takes as the
+# part's grid (``grid_dim``) for each.
+_MODALITIES = {"IMAGE": (1, "image_grid_thw"), "VIDEO": (2, "video_grid_thw")}
+# Per-item video metadata SGLang's encoder sends beside a VIDEO part (receiver.py's
+# _GENERAL_VIDEO_META_ATTRS); its receiver chains each part's list into the model's inputs.
+_VIDEO_META = ("second_per_grid_ts",)
 
 
 # ----- frame 0: SGLang's EmbeddingData, pickled without SGLang -----
@@ -123,14 +131,16 @@ def _embedding_data(
     shape: list[int] | None = None,
     error_msg: str | None = None,
     error_code: int | None = None,
+    video_meta: dict[str, list[Any]] | None = None,
 ) -> _EmbeddingData:
-    # Exactly the attributes of SGLang's EmbeddingData.copy_without_embedding(), in its order.
+    # Exactly the attributes of SGLang's EmbeddingData.copy_without_embedding(), in its order; then the
+    # video metadata its encoder adds as keyword attributes.
     return _EmbeddingData(
         req_id=request.req_id,
         num_parts=request.num_parts,
         part_idx=request.part_idx,
         grid_dim=grid_dim,
-        modality=_Modality(_IMAGE),
+        modality=_Modality(_MODALITIES[request.modality.upper()][0]),
         embedding=None,
         send_time=None,
         dtype=dtype,
@@ -138,15 +148,21 @@ def _embedding_data(
         _mr_ptr=None,
         error_msg=error_msg,
         error_code=error_code,
+        **(video_meta or {}),
     )
 
 
 def embedding_frames(
-    request: SGLangEncodeRequest, rows: torch.Tensor, grid_dim: list[list[int]] | None
+    request: SGLangEncodeRequest,
+    rows: torch.Tensor,
+    grid_dim: list[list[int]] | None,
+    video_meta: dict[str, list[Any]] | None = None,
 ) -> list[bytes | memoryview]:
     """The two frames of a successful part: pickled metadata, then the rows' native bytes."""
     rows = rows.contiguous()
-    header = _pickle(_embedding_data(request, grid_dim=grid_dim, dtype=rows.dtype, shape=list(rows.shape)))
+    header = _pickle(
+        _embedding_data(request, grid_dim=grid_dim, dtype=rows.dtype, shape=list(rows.shape), video_meta=video_meta)
+    )
     return [header, rows.view(torch.uint8).numpy().tobytes()]
 
 
@@ -259,6 +275,7 @@ class SGLangEncoderBridge:
         fetcher: ImageFetcher,
         *,
         max_image_bytes: int,
+        max_video_bytes: int,
         dtype: str,
         push_timeout_s: float,
         metrics: Metrics,
@@ -266,6 +283,7 @@ class SGLangEncoderBridge:
         self._encode = encode
         self._fetcher = fetcher
         self._max_image_bytes = max_image_bytes
+        self._max_video_bytes = max_video_bytes
         self._dtype = TORCH_DTYPES[dtype]
         self._timeout_s = push_timeout_s
         self._metrics = metrics
@@ -289,9 +307,15 @@ class SGLangEncoderBridge:
             await self._push_error(request, internal)
             raise internal from exc
         rows = torch.cat([r.rows for r in results]).to(self._dtype)
-        grids = [r.metadata.get("image_grid_thw") for r in results]
+        grid_field = _MODALITIES[request.modality.upper()][1]
+        grids = [r.metadata.get(grid_field) for r in results]
         grid_dim = [list(g) for g in grids if g is not None] if None not in grids else None
-        frames = embedding_frames(request, rows, grid_dim)
+        video_meta = {
+            name: [r.metadata[name] for r in results]
+            for name in _VIDEO_META
+            if all(name in r.metadata for r in results)
+        }
+        frames = embedding_frames(request, rows, grid_dim, video_meta)
         endpoints, expected = await self._destinations(request)
         failed = await self._push_all(endpoints, frames, kind="embedding")
         if expected is None or len(endpoints) < expected:
@@ -308,22 +332,25 @@ class SGLangEncoderBridge:
         return results
 
     async def _encode_items(self, request: SGLangEncodeRequest) -> list[ItemResult]:
-        items = [await self._item(index, item) for index, item in enumerate(request.items_as_dicts())]
+        video = request.modality.upper() == "VIDEO"
+        items = [await self._item(index, item, video) for index, item in enumerate(request.items_as_dicts())]
         return await self._encode(items)
 
-    async def _item(self, index: int, item: dict[str, Any]) -> ItemInput:
+    async def _item(self, index: int, item: dict[str, Any], video: bool) -> ItemInput:
         expected = item.get("content_hash")
         if expected is None:
-            return ItemInput(image=item["url"])
-        # The hash names the image file's bytes: fetch or decode them here to check it.
+            return ItemInput(video=item["url"]) if video else ItemInput(image=item["url"])
+        # The hash names the file's bytes: fetch or decode them here to check it.
         url = item["url"]
         try:
-            if is_url(url):
+            if video:
+                data = await self._video_bytes(url)
+            elif is_url(url):
                 data = await self._fetcher.fetch(url)
             else:
                 data = decode_inline_image(url, max_bytes=self._max_image_bytes)
         except ServiceError as error:
-            raise error.at_item(index) from None
+            raise error.at_item(index, ("video" if video else "image",)) from None
         actual = "sha256:" + hashlib.sha256(data).hexdigest()
         if actual != expected.lower():
             raise InvalidImage(
@@ -331,7 +358,12 @@ class SGLangEncoderBridge:
                 location=ItemLocation(index, ("hash",)),
                 details={"expected": expected, "actual": actual},
             )
-        return ItemInput(image=data)
+        return ItemInput(video=data) if video else ItemInput(image=data)
+
+    async def _video_bytes(self, url: str) -> bytes:
+        if is_url(url):
+            return await self._fetcher.fetch(url, kind=VIDEO, max_bytes=self._max_video_bytes)
+        return decode_base64_file(url, max_bytes=self._max_video_bytes, kind=VIDEO)
 
     async def _destinations(self, request: SGLangEncodeRequest) -> tuple[list[str], int | None]:
         """The endpoints to push to, and how many there should be (fewer: registrations timed out)."""

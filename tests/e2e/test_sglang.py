@@ -21,6 +21,7 @@ import torch
 
 from tests.helpers import LiveServer, data_uri, free_port, live_server, noise_image, rows_of
 from tests.peers.run import SGLangReceiver
+from tests.videos import clip, video_data_uri
 
 IMAGES = [data_uri(noise_image(56, 56, seed=71)), data_uri(noise_image(112, 56, seed=72))]
 # SGLang's EmbeddingData.copy_without_embedding() keeps exactly these.
@@ -229,13 +230,32 @@ def test_a_gone_language_server_never_blocks(checkpoints: dict[str, Path], tmp_p
             rank.close()
 
 
+def test_a_video_part_reaches_sglang_with_its_grid_and_timing(
+    tiny_checkpoint: Any, tmp_path: Path, receiver: SGLangReceiver
+) -> None:
+    """Two clips as one VIDEO part on Qwen2.5-VL: the rows, Modality.VIDEO, the video grids as ``grid_dim``
+    and each clip's ``second_per_grid_ts``, as SGLang's own encoder sends them."""
+    clips = [video_data_uri(clip(9, 80, 60, fps=10, seed=81)), video_data_uri(clip(6, 52, 70, fps=4, seed=82))]
+    with live_server(model=tiny_checkpoint("qwen2_5_vl")) as server, server.client() as client:
+        items = client.post("/v1/encode", json={"items": [{"video": c} for c in clips]}).json()["items"]
+        body = {**_encode_body("v1_local_part_0", clips, receiver.port), "modality": "VIDEO"}
+        response = client.post("/encode", json=body)
+    assert response.status_code == 200, response.text
+    [message] = receiver.messages()
+    assert message["modality"] == "sglang.srt.multimodal.modality.<Modality.VIDEO: 2>"
+    assert message["is_sglang_class"] and message["error_msg"] is None
+    assert torch.equal(message["embedding"], torch.cat([rows_of(i) for i in items]).to(torch.bfloat16))
+    assert message["grid"].tolist() == [i["metadata"]["video_grid_thw"] for i in items]
+    assert message["second_per_grid_ts"] == [i["metadata"]["second_per_grid_ts"] for i in items] == [0.2, 0.5]
+
+
 @pytest.mark.parametrize(
     ("change", "field"),
     [
         ({"req_id": None}, "req_id"),
         ({"mm_items": []}, "mm_items"),
         ({"num_parts": 1, "part_idx": 3}, "part_idx"),
-        ({"modality": "VIDEO"}, "modality"),
+        ({"modality": "AUDIO"}, "modality"),
     ],
 )
 def test_an_unknown_request_shape_is_refused_clearly(

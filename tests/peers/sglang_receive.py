@@ -81,6 +81,8 @@ def main() -> None:
             "error_code": obj.error_code,
             "embedding": None,
             "grid": None,
+            # Video metadata SGLang's encoder sends as extra attributes (receiver.py chains them per part).
+            "second_per_grid_ts": getattr(obj, "second_per_grid_ts", None),
         }
         if obj.error_msg is None:
             # receiver.py: _extract_embedding_from_buffer
