@@ -60,10 +60,8 @@ __all__ = [
     "embedding_frames",
 ]
 
-# SGLang's names: the request's `mm_items[i]`, whose image is its `url` and whose hash its `content_hash`.
-SGLANG_LOCATOR = ErrorLocator(
-    "mm_items", "mm_items[{index}]", {"image": "url", "video": "url", "hash": "content_hash"}
-)
+# SGLang's names: the request's `mm_items[i]`, whose image or video is its `url` and whose hash its `content_hash`.
+SGLANG_LOCATOR = ErrorLocator("mm_items", "mm_items[{index}]", {"image": "url", "video": "url", "hash": "content_hash"})
 
 logger = logging.getLogger("mmencode.sglang")
 
