@@ -34,7 +34,7 @@ def _has(name: str, schema: dict[str, Any]) -> dict[str, Any]:
 
 _STRING, _NUMBER, _INTEGER = {"type": "string"}, {"type": "number"}, {"type": "integer"}
 # What `_has_a_source` refuses, said in the JSON schema too (each a combination of fields set).
-_CONTRADICTIONS: list[dict[str, Any]] = [
+_CONTRADICTIONS: list[Any] = [
     {"allOf": [_has(a, _STRING), _has(b, _STRING)]}
     for a, b in (("image", "hash"), ("video", "hash"), ("image", "video"))
 ] + [
