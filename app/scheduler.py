@@ -184,7 +184,8 @@ class Scheduler:
             if not self.adapter.takes_video:
                 raise UnsupportedModality(
                     f"item {index} is a video, but this {self.adapter.family} checkpoint encodes images only here "
-                    "(videos: qwen2_vl and qwen2_5_vl checkpoints with a video processor, and torchvision)",
+                    "(videos: qwen2_vl, qwen2_5_vl, qwen3_vl and qwen3_5 checkpoints with a video processor, and "
+                    "torchvision)",
                     location=ItemLocation(index, ("video",), named_in_message=True),
                     details={"family": self.adapter.family, "modality": "video"},
                 )

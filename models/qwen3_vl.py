@@ -10,6 +10,13 @@ The image processor is Qwen2-VL's, on the backend ``--image-processor-backend`` 
 vector (``/v1/embeddings``) averages the main embedding only.
 
 Qwen3.5 (``qwen3_5``) keeps the same vision tower without DeepStack: its rows are the merged rows alone.
+
+Videos (both families): ``Qwen3VLVideoProcessor`` samples the clip (2 frames per second by default, at
+least ``min_frames``, indices ``linspace(...).round()``), and the tower encodes the clip's patches as it
+does an image's. The language side writes ``<t seconds>`` before each temporal patch's placeholders, so
+every video item carries ``timestamps``: one per temporal patch, the mean time of its frames, as
+``Qwen3VLProcessor`` computes them (vLLM's ``video_embeds`` field of that name; SGLang's
+``video_timestamps``).
 """
 
 from __future__ import annotations
@@ -22,17 +29,42 @@ import torch
 from PIL import Image
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5VisionModel
 from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
+from transformers.video_utils import VideoMetadata
 
-from mmencode.models.base import EncoderOutput, PreparedImage
+from mmencode.models.base import DecodedVideo, EncoderOutput, PreparedImage, VideoSampling
 from mmencode.models.errors import MetadataError
 from mmencode.models.qwen2_vl import Qwen2VLAdapter
 
 SPLIT_FIELD = "deepstack_split"
+TIMESTAMPS_FIELD = "timestamps"
 
 
-class Qwen3VLAdapter(Qwen2VLAdapter):
+class _Qwen3VideoTiming(Qwen2VLAdapter):
+    """The video side Qwen3-VL and Qwen3.5 share: Qwen3-VL's video processor and per-patch timestamps."""
+
+    video_processor_class = "Qwen3VLVideoProcessor"
+
+    def _video_timing(self, clip: VideoMetadata) -> dict[str, Any]:
+        assert self.video_processor is not None
+        return {TIMESTAMPS_FIELD: patch_timestamps(clip, int(self.video_processor.temporal_patch_size))}
+
+
+def patch_timestamps(clip: VideoMetadata, temporal_patch_size: int) -> list[float]:
+    """Seconds of each temporal patch: the mean of its first and last sampled frame's time, the last
+    index repeated to fill the final patch (``Qwen3VLProcessor._calculate_timestamps``). A clip without
+    a frame rate counts at 24 fps, as the processor does; a clip that was not sampled keeps every frame."""
+    sampled = clip.frames_indices if clip.frames_indices is not None else range(clip.total_num_frames)
+    indices = [int(i) for i in sampled]
+    indices += [indices[-1]] * (-len(indices) % temporal_patch_size)
+    fps = clip.fps or 24
+    return [
+        (indices[i] / fps + indices[i + temporal_patch_size - 1] / fps) / 2
+        for i in range(0, len(indices), temporal_patch_size)
+    ]
+
+
+class Qwen3VLAdapter(_Qwen3VideoTiming):
     family = "qwen3_vl"
-    video_processor_class = None  # their video processors differ from Qwen2-VL's: not served yet
     tower_class: ClassVar[type[torch.nn.Module]] = Qwen3VLVisionModel
 
     @property
@@ -52,10 +84,23 @@ class Qwen3VLAdapter(Qwen2VLAdapter):
         return self.split[0]
 
     def preprocess(self, image: Image.Image) -> PreparedImage:
-        item = super().preprocess(image)
+        return self._with_split(super().preprocess(image))
+
+    def preprocess_video(self, video: DecodedVideo, sampling: VideoSampling) -> PreparedImage:
+        return self._with_split(super().preprocess_video(video, sampling))
+
+    def _with_split(self, item: PreparedImage) -> PreparedImage:
         return PreparedImage(item.tensors, {**item.metadata, SPLIT_FIELD: self.split}, item.num_tokens)
 
     def tokens_from_metadata(self, metadata: Mapping[str, Any]) -> int:
+        self._check_split(metadata)
+        return super().tokens_from_metadata(metadata)
+
+    def video_tokens_from_metadata(self, metadata: Mapping[str, Any]) -> int:
+        self._check_split(metadata)
+        return super().video_tokens_from_metadata(metadata)
+
+    def _check_split(self, metadata: Mapping[str, Any]) -> None:
         # Optional for precomputed items, but a split that is not this model's is a different layout.
         given = metadata.get(SPLIT_FIELD)
         if given is not None and given != self.split:
@@ -64,7 +109,6 @@ class Qwen3VLAdapter(Qwen2VLAdapter):
                 f"must be {self.split} ([main | DeepStack levels] on this model), got {reprlib.repr(given)}",
                 missing=False,
             )
-        return super().tokens_from_metadata(metadata)
 
     def _forward(self, batch: dict[str, torch.Tensor], items: Sequence[PreparedImage]) -> EncoderOutput:
         out = self.module(hidden_states=batch["pixel_values"], grid_thw=batch["image_grid_thw"])
@@ -72,9 +116,8 @@ class Qwen3VLAdapter(Qwen2VLAdapter):
         return EncoderOutput(rows=rows, rows_per_item=None)
 
 
-class Qwen3_5Adapter(Qwen2VLAdapter):
+class Qwen3_5Adapter(_Qwen3VideoTiming):
     family = "qwen3_5"
-    video_processor_class = None  # their video processors differ from Qwen2-VL's: not served yet
     tower_class: ClassVar[type[torch.nn.Module]] = Qwen3_5VisionModel
 
     @property

@@ -75,7 +75,7 @@ class EncodeItem(BaseModel):
         default=None,
         description="A video file (mp4, webm, mkv): a data URI, bare base64 of the file, or an http(s) URL. In a "
         "multipart request: omitted, and the file sent as the part `items[<index>].video`. Models with a video "
-        "processor only (Qwen2-VL, Qwen2.5-VL).",
+        "processor only (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5).",
         min_length=1,
     )
     fps: float | None = Field(

@@ -25,7 +25,7 @@ from tests.helpers import asgi_client, assert_error, data_uri, image_bytes, nois
 from tests.videos import clip, video_data_uri
 
 ATOL = 1e-5
-FAMILIES = ["qwen2_vl", "qwen2_5_vl"]
+FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"]
 # Two clips of different length and size: 9 frames (odd: the last is repeated to fill a temporal patch)
 # at 10 fps in H.264, and 6 lossless FFV1 frames at 4 fps in Matroska.
 CLIPS = {
@@ -59,13 +59,15 @@ def reference(checkpoint: Path) -> Callable[..., dict[str, Any]]:
         clip_info = VideoMetadata(
             total_num_frames=len(frames), fps=clip_fps, width=width, height=height, duration=len(frames) / clip_fps
         )
-        options = {"do_sample_frames": True, **sampling} if sampling else {}
+        # fps and num_frames exclude each other; Qwen3-VL's processor has an fps of its own, so both are set.
+        options = {"do_sample_frames": True, "fps": None, "num_frames": None, **sampling} if sampling else {}
         out = processor(
             text=["<|vision_start|><|video_pad|><|vision_end|>"],
             videos=[frames],
             video_metadata=[clip_info],
             return_tensors="pt",
             cap_pixels_per_frame=False,
+            return_metadata=True,  # which frames were sampled: Qwen3-VL's timestamps
             **options,
         )
         with torch.no_grad():
@@ -73,10 +75,19 @@ def reference(checkpoint: Path) -> Callable[..., dict[str, Any]]:
         metadata: dict[str, Any] = {"video_grid_thw": out["video_grid_thw"][0].tolist()}
         if "second_per_grid_ts" in out:
             metadata["second_per_grid_ts"] = float(out["second_per_grid_ts"][0])
+        rows = torch.cat(list(features.pooler_output))
+        if hasattr(processor, "_calculate_timestamps"):  # Qwen3-VL, Qwen3.5: the "<t seconds>" of each patch
+            sampled = out["video_metadata"][0]
+            tps = processor.video_processor.temporal_patch_size
+            metadata["timestamps"] = processor._calculate_timestamps(sampled.frames_indices, sampled.fps, tps)
+        if getattr(features, "deepstack_features", None):  # Qwen3-VL: [main | DeepStack levels]
+            levels = [torch.cat(list(level)) for level in features.deepstack_features]  # each split per video
+            metadata["deepstack_split"] = [block.shape[-1] for block in (rows, *levels)]
+            rows = torch.cat([rows, *levels], dim=-1)
         return {
             "num_tokens": int((out["input_ids"] == placeholder).sum()),
             "metadata": metadata,
-            "rows": torch.cat(list(features.pooler_output)),
+            "rows": rows,
         }
 
     return run
@@ -86,7 +97,7 @@ def assert_same_metadata(got: dict[str, Any], want: dict[str, Any]) -> None:
     """Grids exactly; timings as numbers (the processor's are float32 tensors)."""
     assert set(got) == set(want)
     for key, value in want.items():
-        assert got[key] == (pytest.approx(value) if isinstance(value, float) else value), key
+        assert got[key] == (pytest.approx(value) if key in {"second_per_grid_ts", "timestamps"} else value), key
 
 
 async def encode(client: httpx.AsyncClient, *items: dict[str, Any]) -> list[dict[str, Any]]:
@@ -107,7 +118,7 @@ async def test_a_clip_gives_the_processors_count_metadata_and_the_models_rows(
     torch.testing.assert_close(rows_of(item), want["rows"], atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("sampling", [{"fps": 5.0}, {"num_frames": 4}])
+@pytest.mark.parametrize("sampling", [{"fps": 5.0}, {"num_frames": 4}, {"num_frames": 5}])  # 5: odd, the last repeated
 async def test_asked_sampling_is_the_processors(
     client: httpx.AsyncClient, reference: Callable[..., dict[str, Any]], sampling: dict[str, Any]
 ) -> None:
@@ -174,7 +185,8 @@ async def test_precomputed_video_rows_are_checked_against_the_video_grid(client:
 async def test_embeddings_give_one_vector_per_video(client: httpx.AsyncClient) -> None:
     uri = video_data_uri(CLIPS["mp4"][0])
     (item,) = await encode(client, {"video": uri})
-    mean = rows_of(item).mean(dim=0)
+    main_width = item["metadata"].get("deepstack_split", [None])[0]  # Qwen3-VL: the main embedding only
+    mean = rows_of(item)[:, :main_width].mean(dim=0)
     want = mean / mean.norm()
     bare = uri.split(",", 1)[1]  # no media type: `modality` says it is a video
     model = (await client.get("/v1/models")).json()["data"][0]["id"]
@@ -225,14 +237,18 @@ async def test_a_bad_video_is_refused_and_the_service_serves_on(
     assert (await encode(client, {"video": video_data_uri(CLIPS["mkv"][0], "mkv")}))[0]["num_tokens"] > 0
 
 
-async def test_a_long_video_is_refused_from_its_header_and_by_its_rows(checkpoint: Path) -> None:
-    async with asgi_client(model=checkpoint, max_video_frames=4, max_video_tokens=100) as small:
+async def test_a_long_video_is_refused_from_its_header_and_by_its_rows(
+    client: httpx.AsyncClient, checkpoint: Path
+) -> None:
+    short = {"video": video_data_uri(clip(4, 80, 60, seed=4))}
+    (item,) = await encode(client, short)
+    async with asgi_client(model=checkpoint, max_video_frames=4, max_video_tokens=item["num_tokens"] - 1) as small:
         response = await small.post("/v1/encode", json={"items": [{"video": video_data_uri(CLIPS["mp4"][0])}]})
         error = assert_error(response, 413, "payload_too_large")
         assert error["details"]["limit"] == "max_video_frames" and "9 frames" in error["message"]
-        response = await small.post("/v1/encode", json={"items": [{"video": video_data_uri(clip(4, 80, 60, seed=4))}]})
+        response = await small.post("/v1/encode", json={"items": [short]})
         error = assert_error(response, 413, "payload_too_large")
-        assert error["details"]["limit"] == "max_video_tokens" and error["details"]["rows"] > 100
+        assert error["details"]["limit"] == "max_video_tokens" and error["details"]["rows"] == item["num_tokens"]
 
 
 async def test_a_video_for_an_image_only_model_is_refused_before_any_work(

