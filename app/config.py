@@ -137,13 +137,18 @@ class Settings(BaseSettings):
     max_video_bytes: ByteSize = Field(
         default=ByteSize(48 * MiB), ge=1, description="One video file's size; past it: 413."
     )
+    max_video_seconds: float = Field(
+        default=600.0,
+        gt=0,
+        description="Length of one video (its header's, then its frames' count over its frame rate); past it: 413.",
+    )
     max_video_frames: int = Field(
         default=768,
         ge=1,
-        description="Frames one video may hold (its header's count, then what decodes); past it: 413.",
+        description="Frames of one video kept for the encoder at its sampling, counted before decoding; past it: 413.",
     )
     max_video_decoded_bytes: ByteSize = Field(
-        default=ByteSize(2048 * MiB), ge=1, description="RGB bytes one video may decode to; past it: 413."
+        default=ByteSize(2048 * MiB), ge=1, description="RGB bytes of one video's kept frames; past it: 413."
     )
     max_video_tokens: int = Field(
         default=32768, ge=1, description="Rows one video may yield at the checkpoint's sampling; past it: 413."

@@ -173,6 +173,7 @@ class Runtime:
             request_timeout=self.settings.request_timeout,
             max_video_bytes=self.settings.max_video_bytes,
             video=VideoLimits(
+                max_seconds=self.settings.max_video_seconds,
                 max_frames=self.settings.max_video_frames,
                 max_frame_pixels=self.settings.max_image_pixels,
                 max_decoded_bytes=self.settings.max_video_decoded_bytes,

@@ -356,12 +356,18 @@ class Scheduler:
             raise InvalidImage(f"the model's image processor cannot take this image: {exc}") from None
 
     def _prepare_video(self, pending: _Pending) -> PreparedImage:
-        video = decode_video(pending.data, self.limits.video)
+        def keep(total_frames: int, fps: float | None) -> list[int]:
+            try:
+                return self.adapter.video_frames_to_keep(total_frames, fps, pending.sampling)
+            except ValueError as exc:  # e.g. more frames asked for than the clip has
+                raise InvalidVideo(f"the model's video processor cannot sample this video: {exc}") from None
+
         try:
+            video = decode_video(pending.data, self.limits.video, keep)
             prepared = self.adapter.preprocess_video(video, pending.sampling)
         except UnsupportedModalityError as exc:
             raise UnsupportedModality(str(exc), details={"modality": "video"}) from None
-        except ValueError as exc:  # e.g. more frames asked for than the clip has
+        except ValueError as exc:
             raise InvalidVideo(f"the model's video processor cannot take this video: {exc}") from None
         limit = self.limits.max_video_tokens
         if prepared.num_tokens > limit:

@@ -2,12 +2,16 @@
 
 Decoded on the CPU with PyAV (FFmpeg inside its wheel; the ``video`` extra), each frame as PyAV's
 ``rgb24`` conversion gives it: the pixels transformers' own PyAV loader hands its video processors.
-Every frame is kept; the checkpoint's video processor samples them (``fps``, ``num_frames``), as
-transformers does after its loader.
 
-Limits are checked before the expensive step: the frame count and frame size the container declares
-before any frame is decoded (a ten-hour header is refused at once), then the frames and bytes actually
-decoded, so a file that lies in its header stops at the limit. Failures are
+Only the frames the model's video processor keeps are converted and held: a first pass counts the
+stream's frames without decoding them, the caller's ``keep`` (the checkpoint's own sampling rule) picks
+their indices, and the decoding pass converts those alone. A one-minute 720p clip sampled at 2 fps
+holds 120 frames in memory, not 1,800. Should the decoder hand over a different number of frames than
+were counted, the indices are picked again from the frames that decoded, and the file decoded once more.
+
+Limits are checked before the expensive step: the clip's length and frame size as the container
+declares them, before any frame is decoded (a ten-hour header is refused at once); the length the count
+finds; then the frames kept and their bytes, before decoding. Failures are
 :class:`~app.errors.InvalidVideo` or :class:`~app.errors.PayloadTooLarge` without item context; the
 scheduler adds which item it was.
 """
@@ -15,6 +19,7 @@ scheduler adds which item it was.
 from __future__ import annotations
 
 import io
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,14 +29,18 @@ from mmencode.app.errors import InvalidVideo, PayloadTooLarge
 from mmencode.app.images import MediaKind
 from mmencode.models.base import DecodedVideo
 
-__all__ = ["VIDEO", "VideoLimits", "decode_video", "video_support"]
+__all__ = ["VIDEO", "FrameChooser", "VideoLimits", "decode_video", "video_support"]
 
 VIDEO = MediaKind("video", InvalidVideo, "max_video_bytes")
+
+# (frames in the clip, its frame rate) -> indices of the frames to keep, in order.
+FrameChooser = Callable[[int, float | None], Sequence[int]]
 
 
 @dataclass(frozen=True, slots=True)
 class VideoLimits:
-    max_frames: int
+    max_seconds: float
+    max_frames: int  # frames kept for the encoder, after sampling
     max_frame_pixels: int
     max_decoded_bytes: int
 
@@ -45,15 +54,63 @@ def video_support() -> str | None:
     return None
 
 
-def decode_video(data: bytes, limits: VideoLimits) -> DecodedVideo:
-    """Every frame of the file's first video stream, ``(frames, height, width, 3)`` uint8 RGB."""
+def decode_video(data: bytes, limits: VideoLimits, keep: FrameChooser) -> DecodedVideo:
+    """The frames ``keep`` picks from the file's first video stream, ``(kept, height, width, 3)`` uint8 RGB."""
+    header = _read_header(data, limits)
+    counted = _count_frames(data)
+    if counted == 0:
+        raise _not_a_video("the video stream holds no frame")
+    if counted < header.declared_frames:
+        raise _truncated(header.declared_frames, counted)
+    _check_seconds(counted / header.fps if header.fps else 0.0, "its frames last", limits)
+    total = counted
+    for _ in range(2):
+        indices = [int(i) for i in keep(total, header.fps)]
+        _check_kept(indices, total, header, limits)
+        frames, decoded = _decode_frames(data, set(indices), limits)
+        if decoded == 0:
+            raise _not_a_video("the video stream holds no frame")
+        if decoded < header.declared_frames:
+            raise _truncated(header.declared_frames, decoded)
+        if decoded == total:
+            break
+        total = decoded  # the decoder's count is the clip's: pick from what decodes, once more
+    else:
+        raise InvalidVideo(f"the video decodes to a different number of frames on each pass ({counted}, {total})")
+    shapes = {frames[i].shape for i in frames}
+    if len(shapes) > 1:
+        raise InvalidVideo("the video's frames change size mid-stream; re-encode it at one size")
+    ((height, width, _),) = shapes
+    return DecodedVideo(
+        frames=np.stack([frames[i] for i in indices]),
+        fps=header.fps,
+        width=width,
+        height=height,
+        total_frames=total,
+        indices=indices,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Header:
+    fps: float | None
+    width: int
+    height: int
+    declared_frames: int  # 0 when the container does not say (Matroska, WebM)
+
+
+def _open(data: bytes) -> Any:
     import av
 
     try:
-        container = av.open(io.BytesIO(data), mode="r", metadata_errors="ignore")
+        return av.open(io.BytesIO(data), mode="r", metadata_errors="ignore")
     except (av.error.FFmpegError, ValueError, UnicodeDecodeError) as exc:
         raise _not_a_video(f"{type(exc).__name__}: {exc}") from None
-    with container:
+
+
+def _read_header(data: bytes, limits: VideoLimits) -> _Header:
+    """What the container says, before a frame is decoded."""
+    with _open(data) as container:
         if _is_image_format(container.format.name):
             raise InvalidVideo(
                 f"this file is an image ({container.format.name.removesuffix('_pipe')}), not a video: send it as "
@@ -63,55 +120,93 @@ def decode_video(data: bytes, limits: VideoLimits) -> DecodedVideo:
         if not container.streams.video:
             raise _not_a_video("the file has no video stream")
         stream = container.streams.video[0]
-        stream.thread_type = "AUTO"
         fps = float(stream.average_rate) if stream.average_rate else None
-        _check_declared(stream, container, fps, limits)
-        frames: list[np.ndarray] = []
-        decoded_bytes = 0
+        header = _Header(fps, stream.codec_context.width or 0, stream.codec_context.height or 0, stream.frames or 0)
+        _check_frame_size(header.width, header.height, limits)
+        if container.duration:  # microseconds
+            _check_seconds(container.duration / 1_000_000, "its header declares", limits)
+        if header.declared_frames and fps:
+            _check_seconds(header.declared_frames / fps, "its header declares", limits)
+        return header
+
+
+def _count_frames(data: bytes) -> int:
+    """The video stream's frames, counted from its packets without decoding them."""
+    import av
+
+    with _open(data) as container:
+        stream = container.streams.video[0]
+        try:
+            return sum(1 for packet in container.demux(stream) if packet.size)
+        except av.error.FFmpegError as exc:
+            raise _not_a_video(f"{type(exc).__name__} while reading its packets: {exc}") from None
+
+
+def _check_kept(indices: list[int], total: int, header: _Header, limits: VideoLimits) -> None:
+    if not indices or min(indices) < 0 or max(indices) >= total:
+        raise InvalidVideo(f"the video processor picked frames outside the clip's {total}")
+    if len(indices) > limits.max_frames:
+        raise PayloadTooLarge(
+            f"the video is too long: {len(indices)} frames at this sampling, over the limit of {limits.max_frames} "
+            "(--max-video-frames); ask for fewer (fps, num_frames)",
+            details={"limit": "max_video_frames", "max_frames": limits.max_frames, "frames": len(indices)},
+        )
+    if len(set(indices)) * header.width * header.height * 3 > limits.max_decoded_bytes:
+        raise _too_many_bytes(limits)
+
+
+def _decode_frames(data: bytes, wanted: set[int], limits: VideoLimits) -> tuple[dict[int, np.ndarray], int]:
+    """Decode every frame (a codec needs its references), convert the wanted ones; and how many decoded."""
+    import av
+
+    frames: dict[int, np.ndarray] = {}
+    decoded = held_bytes = 0
+    with _open(data) as container:
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"
         try:
             for frame in container.decode(stream):
                 _check_frame_size(frame.width, frame.height, limits)
-                if len(frames) >= limits.max_frames:
-                    raise _too_many_frames(f"more than {limits.max_frames} frames", limits)
-                pixels = frame.to_ndarray(format="rgb24")
-                decoded_bytes += pixels.nbytes
-                if decoded_bytes > limits.max_decoded_bytes:
-                    raise PayloadTooLarge(
-                        f"the decoded frames pass {limits.max_decoded_bytes} bytes, the limit "
-                        "(--max-video-decoded-bytes)",
-                        details={"limit": "max_video_decoded_bytes", "max_bytes": limits.max_decoded_bytes},
-                    )
-                frames.append(pixels)
+                if decoded in wanted:
+                    frames[decoded] = frame.to_ndarray(format="rgb24")
+                    held_bytes += frames[decoded].nbytes
+                    if held_bytes > limits.max_decoded_bytes:  # frames larger than the header said
+                        raise _too_many_bytes(limits)
+                decoded += 1
         except av.error.FFmpegError as exc:
-            raise _not_a_video(f"{type(exc).__name__} after {len(frames)} frames: {exc}") from None
-        declared = stream.frames or 0
-    if not frames:
-        raise _not_a_video("the video stream holds no frame")
-    if len(frames) < declared:
-        # Cut short (an upload or a download that stopped): rows for part of a clip would pass for the clip.
-        raise InvalidVideo(
-            f"the video is truncated: its header declares {declared} frames, but only {len(frames)} decode",
-            details={"declared_frames": declared, "decoded_frames": len(frames)},
+            raise _not_a_video(f"{type(exc).__name__} after {decoded} frames: {exc}") from None
+    return frames, decoded
+
+
+def _check_seconds(seconds: float, what: str, limits: VideoLimits) -> None:
+    if seconds > limits.max_seconds:
+        raise PayloadTooLarge(
+            f"the video is too long: {what} {seconds:.1f} s, over the limit of {limits.max_seconds:g} s "
+            "(--max-video-seconds)",
+            details={"limit": "max_video_seconds", "max_seconds": limits.max_seconds, "seconds": round(seconds, 3)},
         )
-    if len({f.shape for f in frames}) > 1:
-        raise InvalidVideo("the video's frames change size mid-stream; re-encode it at one size")
-    return DecodedVideo(frames=np.stack(frames), fps=fps, width=frames[0].shape[1], height=frames[0].shape[0])
+
+
+def _too_many_bytes(limits: VideoLimits) -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"the frames kept decode to more than {limits.max_decoded_bytes} bytes of RGB, the limit "
+        "(--max-video-decoded-bytes); ask for fewer frames (fps, num_frames) or send a smaller video",
+        details={"limit": "max_video_decoded_bytes", "max_bytes": limits.max_decoded_bytes},
+    )
+
+
+def _truncated(declared: int, found: int) -> InvalidVideo:
+    # Cut short (an upload or a download that stopped): rows for part of a clip would pass for the clip.
+    return InvalidVideo(
+        f"the video is truncated: its header declares {declared} frames, but only {found} decode",
+        details={"declared_frames": declared, "decoded_frames": found},
+    )
 
 
 def _is_image_format(name: str) -> bool:
     """FFmpeg opens still images as one-frame videos (``png_pipe``, ``image2``...) and GIFs as clips:
     neither is what a video item means, and their rows would be counted as a video's."""
     return name.endswith("_pipe") or name in {"image2", "gif", "apng"}
-
-
-def _check_declared(stream: Any, container: Any, fps: float | None, limits: VideoLimits) -> None:
-    """What the header says, before a frame is decoded."""
-    _check_frame_size(stream.codec_context.width or 0, stream.codec_context.height or 0, limits)
-    declared = stream.frames or 0
-    if not declared and fps and container.duration:
-        declared = int(container.duration / 1_000_000 * fps)  # container.duration is in microseconds
-    if declared > limits.max_frames:
-        raise _too_many_frames(f"its header declares {declared} frames", limits)
 
 
 def _check_frame_size(width: int, height: int, limits: VideoLimits) -> None:
@@ -126,13 +221,6 @@ def _check_frame_size(width: int, height: int, limits: VideoLimits) -> None:
                 "height": height,
             },
         )
-
-
-def _too_many_frames(what: str, limits: VideoLimits) -> PayloadTooLarge:
-    return PayloadTooLarge(
-        f"the video is too long: {what}, over the limit of {limits.max_frames} (--max-video-frames)",
-        details={"limit": "max_video_frames", "max_frames": limits.max_frames},
-    )
 
 
 def _not_a_video(reason: str) -> InvalidVideo:

@@ -40,16 +40,15 @@ class PreparedImage:
 
 @dataclass(frozen=True, slots=True)
 class DecodedVideo:
-    """Every frame of a clip, as decoded: ``(frames, height, width, 3)`` uint8 RGB, and its frame rate."""
+    """The frames of a clip its video processor keeps, decoded: ``(kept, height, width, 3)`` uint8 RGB; which
+    of the clip's frames they are, how many it has, and its frame rate."""
 
     frames: np.ndarray
     fps: float | None
     width: int
     height: int
-
-    @property
-    def total_frames(self) -> int:
-        return int(self.frames.shape[0])
+    total_frames: int
+    indices: list[int]  # frames[i] is the clip's frame indices[i]
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,8 +170,14 @@ class EncoderAdapter(abc.ABC):
     def takes_video(self) -> bool:
         return self.video_processor is not None
 
+    def video_frames_to_keep(self, total_frames: int, fps: float | None, sampling: VideoSampling) -> list[int]:
+        """Which frames of a clip of ``total_frames`` the checkpoint's video processor keeps, asked
+        ``sampling``: decided before decoding, so only those are converted and held."""
+        raise UnsupportedModalityError(f"{self.family} models take images only")
+
     def preprocess_video(self, video: DecodedVideo, sampling: VideoSampling) -> PreparedImage:
-        """Run the checkpoint's video processor on one clip. Thread-safe, CPU only."""
+        """Run the checkpoint's video processor on the frames :meth:`video_frames_to_keep` chose. Thread-safe,
+        CPU only."""
         raise UnsupportedModalityError(f"{self.family} models take images only")
 
     def video_tokens_from_metadata(self, metadata: Mapping[str, Any]) -> int:

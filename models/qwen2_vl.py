@@ -77,25 +77,37 @@ class Qwen2VLAdapter(EncoderAdapter):
     video_processor_class: ClassVar[str | None] = "Qwen2VLVideoProcessor"
     required_video_metadata = ("video_grid_thw",)
 
+    # What transformers' BaseVideoProcessor.preprocess takes out of its arguments before it binds the rest
+    # to sample_frames.
+    _NOT_SAMPLING_ARGUMENTS = ("input_data_format", "do_convert_rgb", "do_sample_frames", "device", "video_metadata")
+
+    def video_frames_to_keep(self, total_frames: int, fps: float | None, sampling: VideoSampling) -> list[int]:
+        processor = self._require_video_processor()
+        # The processor's own sample_frames, called as its preprocess calls it: every valid argument, the
+        # checkpoint's value unless the item asks for another.
+        asked = self._sampling_arguments(sampling)
+        arguments = {
+            name: asked.get(name, getattr(processor, name, None)) for name in processor.valid_kwargs.__annotations__
+        }
+        if not arguments["do_sample_frames"]:
+            return list(range(total_frames))
+        for name in self._NOT_SAMPLING_ARGUMENTS:
+            arguments.pop(name, None)
+        indices = processor.sample_frames(metadata=self._clip(total_frames, fps), **arguments)
+        return [int(i) for i in indices]
+
     def preprocess_video(self, video: DecodedVideo, sampling: VideoSampling) -> PreparedImage:
-        if self.video_processor is None:
-            raise UnsupportedModalityError(
-                f"this {self.family} checkpoint serves images only here: it has no video processor settings, "
-                "or torchvision is missing"
-            )
-        duration = video.total_frames / video.fps if video.fps else None
-        clip = VideoMetadata(
-            total_num_frames=video.total_frames,
-            fps=video.fps,
-            width=video.width,
-            height=video.height,
-            duration=duration,
-        )
-        options: dict[str, Any] = {}
-        if sampling.fps is not None or sampling.num_frames is not None:
-            options = {"do_sample_frames": True, "fps": sampling.fps, "num_frames": sampling.num_frames}
-        out = self.video_processor(
-            videos=[video.frames], video_metadata=[clip], return_tensors="pt", return_metadata=True, **options
+        processor = self._require_video_processor()
+        clip = self._clip(video.total_frames, video.fps, video.width, video.height)
+        clip.frames_indices = list(video.indices)
+        # The frames are the ones sample_frames picked (video_frames_to_keep): the processor takes them as
+        # it takes its own sample, with the indices in the metadata for the timing.
+        out = processor(
+            videos=[video.frames],
+            video_metadata=[clip],
+            do_sample_frames=False,
+            return_tensors="pt",
+            return_metadata=True,
         )
         grid = out["video_grid_thw"]
         t, h, w = (int(v) for v in grid[0])
@@ -104,6 +116,32 @@ class Qwen2VLAdapter(EncoderAdapter):
             tensors={"pixel_values": out["pixel_values_videos"], "image_grid_thw": grid},
             metadata={"video_grid_thw": [t, h, w], **self._video_timing(out["video_metadata"][0])},
             num_tokens=t * h * w // self.merge_size**2,
+        )
+
+    def _require_video_processor(self) -> Any:
+        if self.video_processor is None:
+            raise UnsupportedModalityError(
+                f"this {self.family} checkpoint serves images only here: it has no video processor settings, "
+                "or torchvision is missing"
+            )
+        return self.video_processor
+
+    @staticmethod
+    def _sampling_arguments(sampling: VideoSampling) -> dict[str, Any]:
+        if sampling.fps is None and sampling.num_frames is None:
+            return {}  # the checkpoint's rule
+        return {"do_sample_frames": True, "fps": sampling.fps, "num_frames": sampling.num_frames}
+
+    @staticmethod
+    def _clip(
+        total_frames: int, fps: float | None, width: int | None = None, height: int | None = None
+    ) -> VideoMetadata:
+        return VideoMetadata(
+            total_num_frames=total_frames,
+            fps=fps,
+            width=width,
+            height=height,
+            duration=total_frames / fps if fps else None,
         )
 
     def _video_timing(self, clip: VideoMetadata) -> dict[str, Any]:

@@ -9,6 +9,7 @@ transformers' own PyAV loader gives its video processors. fp32 on CPU.
 from __future__ import annotations
 
 import io
+import struct
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -237,18 +238,65 @@ async def test_a_bad_video_is_refused_and_the_service_serves_on(
     assert (await encode(client, {"video": video_data_uri(CLIPS["mkv"][0], "mkv")}))[0]["num_tokens"] > 0
 
 
-async def test_a_long_video_is_refused_from_its_header_and_by_its_rows(
+def _ten_hour_header() -> bytes:
+    """Six frames in Matroska whose Segment Info declares ten hours (Duration: 36e6 ms)."""
+    data = CLIPS["mkv"][0]
+    at = data.find(b"\x44\x89\x88")  # the Duration element, an 8-byte float
+    assert at > 0
+    return data[: at + 3] + struct.pack(">d", 36e6) + data[at + 11 :]
+
+
+async def test_a_long_video_is_refused_from_its_header_before_any_decoding(
+    client: httpx.AsyncClient, checkpoint: Path
+) -> None:
+    response = await client.post("/v1/encode", json={"items": [{"video": video_data_uri(_ten_hour_header(), "mkv")}]})
+    error = assert_error(response, 413, "payload_too_large")
+    assert error["details"]["limit"] == "max_video_seconds" and error["details"]["seconds"] == 36000
+    assert "header declares 36000.0 s" in error["message"] and error["param"] == "items[0].video"
+    # A header that tells the truth, over a lower limit: 9 frames at 10 fps are 0.9 s.
+    async with asgi_client(model=checkpoint, max_video_seconds=0.5) as short:
+        response = await short.post("/v1/encode", json={"items": [{"video": video_data_uri(CLIPS["mp4"][0])}]})
+    assert assert_error(response, 413, "payload_too_large")["details"]["seconds"] == pytest.approx(0.9)
+
+
+async def test_the_frame_limit_counts_the_frames_kept_and_the_row_limit_the_rows(
     client: httpx.AsyncClient, checkpoint: Path
 ) -> None:
     short = {"video": video_data_uri(clip(4, 80, 60, seed=4))}
     (item,) = await encode(client, short)
-    async with asgi_client(model=checkpoint, max_video_frames=4, max_video_tokens=item["num_tokens"] - 1) as small:
-        response = await small.post("/v1/encode", json={"items": [{"video": video_data_uri(CLIPS["mp4"][0])}]})
+    nine = video_data_uri(CLIPS["mp4"][0])
+    async with asgi_client(model=checkpoint, max_video_frames=4) as few_frames:
+        # The clip has 9 frames; 6 asked for are over the limit of 4, before any decoding...
+        response = await few_frames.post("/v1/encode", json={"items": [{"video": nine, "num_frames": 6}]})
         error = assert_error(response, 413, "payload_too_large")
-        assert error["details"]["limit"] == "max_video_frames" and "9 frames" in error["message"]
-        response = await small.post("/v1/encode", json={"items": [short]})
+        assert error["details"]["limit"] == "max_video_frames" and error["details"]["frames"] == 6
+        # ...while 2 of the same clip are within it.
+        response = await few_frames.post("/v1/encode", json={"items": [{"video": nine, "num_frames": 2}]})
+        assert response.status_code == 200, response.text
+    async with asgi_client(model=checkpoint, max_video_tokens=item["num_tokens"] - 1) as few_rows:
+        response = await few_rows.post("/v1/encode", json={"items": [short]})
         error = assert_error(response, 413, "payload_too_large")
         assert error["details"]["limit"] == "max_video_tokens" and error["details"]["rows"] == item["num_tokens"]
+
+
+def test_only_the_frames_kept_are_converted_and_they_are_pyavs_own() -> None:
+    from mmencode.app.videos import VideoLimits, decode_video
+
+    data = CLIPS["mp4"][0]
+    with av.open(io.BytesIO(data)) as container:
+        every = [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
+    asked: list[tuple[int, float | None]] = []
+
+    def keep(total: int, fps: float | None) -> list[int]:
+        asked.append((total, fps))
+        return [0, 4, 8]
+
+    limits = VideoLimits(max_seconds=60, max_frames=3, max_frame_pixels=10**6, max_decoded_bytes=3 * 80 * 60 * 3)
+    video = decode_video(data, limits, keep)
+    assert asked == [(9, 10.0)]  # counted before decoding
+    assert video.total_frames == 9 and video.indices == [0, 4, 8] and video.frames.shape == (3, 60, 80, 3)
+    for got, index in zip(video.frames, video.indices, strict=True):
+        assert np.array_equal(got, every[index])
 
 
 async def test_a_video_for_an_image_only_model_is_refused_before_any_work(
