@@ -283,10 +283,12 @@ def _check_a_bfloat16_file_is_cast_silently(
 
 
 # bfloat16: vLLM's CPU kernels and torch's differ in how they round bf16 products and sums, so mmencode's
-# bf16 rows are not vLLM's bit for bit, as fp32 rows are to 1e-6. Measured with these checkpoints; see
-# BF16_TOLERANCE. Qwen3.5 runs only in bf16 on a CPU vLLM ("CPU GDN attention requires BF16").
+# bf16 rows are not vLLM's bit for bit, as fp32 rows are to 1e-6. How far the logprobs move depends on the
+# CPU's bf16 kernels: up to 0.05 on one machine, 0.054 on an AMD EPYC with AVX512-BF16 (Qwen3.5, the wide
+# image; Qwen2-VL 0.017). BF16_TOLERANCE leaves room for that; what tells mmencode's rows from wrong ones is
+# the mirrored control, whose greedy tokens leave the direct answer's after 0 or 1 (16 of 16 kept here). Qwen3.5 runs only in bf16 on a CPU vLLM ("CPU GDN attention requires BF16").
 BF16_FAMILIES = ["qwen2_vl", "qwen3_5"]
-BF16_TOLERANCE = 0.05
+BF16_TOLERANCE = 0.1
 # Random weights leave near-ties among the top tokens, which bf16 rounding may flip after a few tokens.
 BF16_SAME_TOKENS = 4
 
