@@ -67,25 +67,21 @@ def decode_video(data: bytes, limits: VideoLimits, keep: FrameChooser) -> Decode
     for _ in range(2):
         indices = [int(i) for i in keep(total, header.fps)]
         _check_kept(indices, total, header, limits)
-        frames, decoded = _decode_frames(data, set(indices), limits)
+        frames, decoded = _decode_frames(data, indices, limits)
         if decoded == 0:
             raise _not_a_video("the video stream holds no frame")
         if decoded < header.declared_frames:
             raise _truncated(header.declared_frames, decoded)
-        if decoded == total:
+        if decoded == total and frames is not None:
             break
         total = decoded  # the decoder's count is the clip's: pick from what decodes, once more
     else:
         raise InvalidVideo(f"the video decodes to a different number of frames on each pass ({counted}, {total})")
-    shapes = {frames[i].shape for i in frames}
-    if len(shapes) > 1:
-        raise InvalidVideo("the video's frames change size mid-stream; re-encode it at one size")
-    ((height, width, _),) = shapes
     return DecodedVideo(
-        frames=np.stack([frames[i] for i in indices]),
+        frames=frames,
         fps=header.fps,
-        width=width,
-        height=height,
+        width=frames.shape[2],
+        height=frames.shape[1],
         total_frames=total,
         indices=indices,
     )
@@ -155,27 +151,37 @@ def _check_kept(indices: list[int], total: int, header: _Header, limits: VideoLi
         raise _too_many_bytes(limits)
 
 
-def _decode_frames(data: bytes, wanted: set[int], limits: VideoLimits) -> tuple[dict[int, np.ndarray], int]:
-    """Decode every frame (a codec needs its references), convert the wanted ones; and how many decoded."""
+def _decode_frames(data: bytes, indices: list[int], limits: VideoLimits) -> tuple[np.ndarray | None, int]:
+    """Decode every frame (a codec needs its references) and convert the ones at ``indices`` into one array,
+    in their order; and how many frames decoded. ``None`` for the array when an index was past the end."""
     import av
 
-    frames: dict[int, np.ndarray] = {}
-    decoded = held_bytes = 0
+    positions: dict[int, list[int]] = {}
+    for position, index in enumerate(indices):
+        positions.setdefault(index, []).append(position)
+    out: np.ndarray | None = None
+    filled = decoded = 0
     with _open(data) as container:
         stream = container.streams.video[0]
         stream.thread_type = "AUTO"
         try:
             for frame in container.decode(stream):
                 _check_frame_size(frame.width, frame.height, limits)
-                if decoded in wanted:
-                    frames[decoded] = frame.to_ndarray(format="rgb24")
-                    held_bytes += frames[decoded].nbytes
-                    if held_bytes > limits.max_decoded_bytes:  # frames larger than the header said
-                        raise _too_many_bytes(limits)
+                if decoded in positions:
+                    pixels = frame.to_ndarray(format="rgb24")
+                    if out is None:
+                        if len(positions) * pixels.nbytes > limits.max_decoded_bytes:  # larger than declared
+                            raise _too_many_bytes(limits)
+                        out = np.empty((len(indices), *pixels.shape), np.uint8)
+                    elif pixels.shape != out.shape[1:]:
+                        raise InvalidVideo("the video's frames change size mid-stream; re-encode it at one size")
+                    for position in positions[decoded]:
+                        out[position] = pixels
+                    filled += 1
                 decoded += 1
         except av.error.FFmpegError as exc:
             raise _not_a_video(f"{type(exc).__name__} after {decoded} frames: {exc}") from None
-    return frames, decoded
+    return (out if filled == len(positions) else None), decoded
 
 
 def _check_seconds(seconds: float, what: str, limits: VideoLimits) -> None:

@@ -286,7 +286,8 @@ def _check_a_bfloat16_file_is_cast_silently(
 # bf16 rows are not vLLM's bit for bit, as fp32 rows are to 1e-6. How far the logprobs move depends on the
 # CPU's bf16 kernels: up to 0.05 on one machine, 0.054 on an AMD EPYC with AVX512-BF16 (Qwen3.5, the wide
 # image; Qwen2-VL 0.017). BF16_TOLERANCE leaves room for that; what tells mmencode's rows from wrong ones is
-# the mirrored control, whose greedy tokens leave the direct answer's after 0 or 1 (16 of 16 kept here). Qwen3.5 runs only in bf16 on a CPU vLLM ("CPU GDN attention requires BF16").
+# the mirrored control, whose greedy tokens leave the direct answer's after 0 or 1 (16 of 16 kept here).
+# Qwen3.5 runs only in bf16 on a CPU vLLM ("CPU GDN attention requires BF16").
 BF16_FAMILIES = ["qwen2_vl", "qwen3_5"]
 BF16_TOLERANCE = 0.1
 # Random weights leave near-ties among the top tokens, which bf16 rounding may flip after a few tokens.
