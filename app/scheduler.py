@@ -39,7 +39,15 @@ from mmencode.app.fetch import ImageFetcher
 from mmencode.app.images import decode_base64_file, decode_image, decode_inline_image, is_url
 from mmencode.app.metrics import Metrics
 from mmencode.app.precomputed import decode_precomputed
-from mmencode.app.videos import VIDEO, VideoLimits, decode_video, video_support
+from mmencode.app.videos import (
+    VIDEO,
+    VideoLimits,
+    decode_frame_list,
+    decode_video,
+    pack_frames,
+    unpack_frames,
+    video_support,
+)
 from mmencode.app.worker import EncoderWorker, QueueFull, Reservation, TokenDrift, WorkerStopped
 from mmencode.models import EncoderAdapter, MetadataError, PreparedImage
 from mmencode.models.base import VideoSampling
@@ -61,10 +69,12 @@ class ItemInput:
     embedding: PrecomputedEmbedding | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
     hash: str | None = None
-    video: str | bytes | None = None  # as ``image``: an mp4, webm or mkv file
+    # As ``image``: an mp4, webm or mkv file; or a list of frames (each as ``image``), already sampled.
+    video: str | bytes | list[str] | None = None
     # What a precomputed item is (an item with a file says it by its field): which metadata it needs.
     modality: Modality | None = None
     sampling: VideoSampling = field(default_factory=VideoSampling)  # the checkpoint's frames unless set
+    frames_fps: float | None = None  # a frame list's: the rate its frames were sampled at
 
     @property
     def kind(self) -> Modality:
@@ -73,7 +83,7 @@ class ItemInput:
         return "image" if self.image is not None else self.modality or "image"
 
     @property
-    def media(self) -> str | bytes | None:
+    def media(self) -> str | bytes | list[str] | None:
         return self.video if self.video is not None else self.image
 
 
@@ -111,6 +121,7 @@ class _Pending:
     data: bytes
     kind: Modality
     sampling: VideoSampling
+    frames_fps: float | None  # a frame list's (its frames packed in ``data``); None for a file
 
 
 class Scheduler:
@@ -189,7 +200,7 @@ class Scheduler:
                     location=ItemLocation(index, ("video",), named_in_message=True),
                     details={"family": self.adapter.family, "modality": "video"},
                 )
-            problem = video_support() if item.video is not None else None
+            problem = video_support() if isinstance(item.video, (str, bytes)) else None  # frame lists need no PyAV
             if problem is not None:
                 raise UnsupportedModality(
                     f"item {index} is a video, which this server cannot decode: {problem}",
@@ -284,7 +295,8 @@ class Scheduler:
                     details={"hash": key},
                 )
             else:
-                pending.append(_Pending(index, key, data, items[index].kind, items[index].sampling))
+                item = items[index]
+                pending.append(_Pending(index, key, data, item.kind, item.sampling, item.frames_fps))
         if pending:
             results.extend(await self._encode_pending(pending))
         by_index = {result.index: result for result in results}
@@ -312,6 +324,8 @@ class Scheduler:
     def _identity(self, item: ItemInput) -> str:
         """What a content hash covers beside the file's bytes: the model, and for a video the video
         processor's settings and the frames asked for (other frames, other rows)."""
+        if item.frames_fps is not None:
+            return f"{self.adapter.fingerprint};video-frames;{self.adapter.video_fingerprint};fps={item.frames_fps}"
         if item.kind == "video":
             return f"{self.adapter.fingerprint};video;{self.adapter.video_fingerprint};{item.sampling.key}"
         return self.adapter.fingerprint
@@ -321,6 +335,8 @@ class Scheduler:
         media = item.media
         if media is None:
             return None
+        if isinstance(media, list):
+            return await self._frame_list_bytes(index, media)
         video = item.kind == "video"
         max_bytes = self.limits.max_video_bytes if video else self.limits.max_image_bytes
         if isinstance(media, bytes):
@@ -345,6 +361,35 @@ class Scheduler:
             return decode()
         return await asyncio.get_running_loop().run_in_executor(self.pool, decode)
 
+    async def _frame_list_bytes(self, index: int, frames: list[str]) -> bytes:
+        """A frame list's images, fetched or decoded from base64 as images are, packed into one blob
+        (:func:`pack_frames`) that is hashed and cached as a video file's bytes are."""
+        if len(frames) > self.limits.video.max_frames:
+            raise PayloadTooLarge(
+                f"the frame list holds {len(frames)} frames, over the limit of {self.limits.video.max_frames} "
+                "(--max-video-frames)",
+                details={
+                    "limit": "max_video_frames",
+                    "max_frames": self.limits.video.max_frames,
+                    "frames": len(frames),
+                },
+            )
+        outcomes = await asyncio.gather(
+            *(self._media_bytes(index, ItemInput(image=frame)) for frame in frames), return_exceptions=True
+        )
+        for position, outcome in enumerate(outcomes):
+            if isinstance(outcome, ServiceError):
+                raise outcome.at_item(index, ("video", position))  # items[i].video[j]
+            if isinstance(outcome, BaseException):
+                raise outcome
+        packed = pack_frames([data for data in outcomes if isinstance(data, bytes)])
+        if len(packed) > self.limits.max_video_bytes:
+            raise PayloadTooLarge(
+                f"the frame list's images are {len(packed)} bytes, over the limit of {self.limits.max_video_bytes}",
+                details={"limit": "max_video_bytes", "max_bytes": self.limits.max_video_bytes},
+            )
+        return packed
+
     def _prepare(self, pending: _Pending) -> PreparedImage:
         """Decode and preprocess one image or video; runs on the pool."""
         if pending.kind == "video":
@@ -363,7 +408,12 @@ class Scheduler:
                 raise InvalidVideo(f"the model's video processor cannot sample this video: {exc}") from None
 
         try:
-            video = decode_video(pending.data, self.limits.video, keep)
+            if pending.frames_fps is not None:
+                video = decode_frame_list(
+                    unpack_frames(pending.data), pending.frames_fps, self.limits.video, self.limits.max_image_pixels
+                )
+            else:
+                video = decode_video(pending.data, self.limits.video, keep)
             prepared = self.adapter.preprocess_video(video, pending.sampling)
         except UnsupportedModalityError as exc:
             raise UnsupportedModality(str(exc), details={"modality": "video"}) from None

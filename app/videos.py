@@ -25,11 +25,20 @@ from typing import Any
 
 import numpy as np
 
-from mmencode.app.errors import InvalidVideo, PayloadTooLarge
-from mmencode.app.images import MediaKind
+from mmencode.app.errors import InvalidImage, InvalidVideo, PayloadTooLarge
+from mmencode.app.images import MediaKind, decode_image
 from mmencode.models.base import DecodedVideo
 
-__all__ = ["VIDEO", "FrameChooser", "VideoLimits", "decode_video", "video_support"]
+__all__ = [
+    "VIDEO",
+    "FrameChooser",
+    "VideoLimits",
+    "decode_frame_list",
+    "decode_video",
+    "pack_frames",
+    "unpack_frames",
+    "video_support",
+]
 
 VIDEO = MediaKind("video", InvalidVideo, "max_video_bytes")
 
@@ -84,6 +93,50 @@ def decode_video(data: bytes, limits: VideoLimits, keep: FrameChooser) -> Decode
         height=frames.shape[1],
         total_frames=total,
         indices=indices,
+    )
+
+
+def pack_frames(files: Sequence[bytes]) -> bytes:
+    """A frame list's image files as one blob, each behind its 8-byte length: what its hash covers (the
+    same images in another order or split are other bytes) and what the pool decodes."""
+    return b"".join(len(data).to_bytes(8, "little") + data for data in files)
+
+
+def unpack_frames(blob: bytes) -> list[bytes]:
+    files, at = [], 0
+    while at < len(blob):
+        size = int.from_bytes(blob[at : at + 8], "little")
+        files.append(blob[at + 8 : at + 8 + size])
+        at += 8 + size
+    return files
+
+
+def decode_frame_list(files: Sequence[bytes], fps: float, limits: VideoLimits, max_pixels: int) -> DecodedVideo:
+    """A clip given as its frames, already sampled: every frame is kept, in order, at ``fps``."""
+    frames: list[np.ndarray] = []
+    for position, data in enumerate(files):
+        try:
+            image = decode_image(data, max_pixels=max_pixels)
+        except InvalidImage as exc:
+            raise InvalidVideo(f"frame {position} of the list: {exc.message}") from None
+        pixels = np.asarray(image, dtype=np.uint8)
+        if frames and pixels.shape != frames[0].shape:
+            height, width = frames[0].shape[:2]
+            raise InvalidVideo(
+                f"frame {position} of the list is {image.width}x{image.height}, frame 0 {width}x{height}: the frames "
+                "of a clip have one size",
+                details={"frame": position},
+            )
+        frames.append(pixels)
+        if len(frames) * pixels.nbytes > limits.max_decoded_bytes:
+            raise _too_many_bytes(limits)
+    return DecodedVideo(
+        frames=np.stack(frames),
+        fps=fps,
+        width=frames[0].shape[1],
+        height=frames[0].shape[0],
+        total_frames=len(frames),
+        indices=list(range(len(frames))),
     )
 
 

@@ -33,16 +33,23 @@ def _has(name: str, schema: dict[str, Any]) -> dict[str, Any]:
 
 
 _STRING, _NUMBER, _INTEGER = {"type": "string"}, {"type": "number"}, {"type": "integer"}
+_FRAMES: dict[str, Any] = {"type": "array"}
+_VIDEO: dict[str, Any] = {"type": ["string", "array"]}  # a file, or a list of frames
 # What `_has_a_source` refuses, said in the JSON schema too (each a combination of fields set).
 _CONTRADICTIONS: list[Any] = [
-    {"allOf": [_has(a, _STRING), _has(b, _STRING)]}
-    for a, b in (("image", "hash"), ("video", "hash"), ("image", "video"))
+    {"allOf": [_has(a, kind_a), _has(b, kind_b)]}
+    for (a, kind_a), (b, kind_b) in (
+        (("image", _STRING), ("hash", _STRING)),
+        (("video", _VIDEO), ("hash", _STRING)),
+        (("image", _STRING), ("video", _VIDEO)),
+    )
 ] + [
     {"allOf": [_has("fps", _NUMBER), _has("num_frames", _INTEGER)]},
-    {"allOf": [_has("fps", _NUMBER), {"not": _has("video", _STRING)}]},
+    {"allOf": [_has("fps", _NUMBER), {"not": _has("video", _VIDEO)}]},
     {"allOf": [_has("num_frames", _INTEGER), {"not": _has("video", _STRING)}]},
+    {"allOf": [_has("video", _FRAMES), {"not": _has("fps", _NUMBER)}]},
     {"allOf": [_has("image", _STRING), _has("modality", {"const": "video"})]},
-    {"allOf": [_has("video", _STRING), _has("modality", {"const": "image"})]},
+    {"allOf": [_has("video", _VIDEO), _has("modality", {"const": "image"})]},
 ]
 
 
@@ -53,12 +60,12 @@ class EncodeItem(BaseModel):
         # none of the contradictions above.
         json_schema_extra={
             "anyOf": [
-                {"required": [name], "properties": {name: {"type": kind}}}
+                _has(name, kind)
                 for name, kind in (
-                    ("image", "string"),
-                    ("video", "string"),
-                    ("hash", "string"),
-                    ("precomputed_embedding", "object"),
+                    ("image", _STRING),
+                    ("video", _VIDEO),
+                    ("hash", _STRING),
+                    ("precomputed_embedding", {"type": "object"}),
                 )
             ],
             "not": {"anyOf": _CONTRADICTIONS},
@@ -71,22 +78,26 @@ class EncodeItem(BaseModel):
         "omitted, and the file sent as the part `items[<index>].image`.",
         min_length=1,
     )
-    video: str | FilePart | None = Field(
+    video: str | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | FilePart | None = Field(
         default=None,
-        description="A video file (mp4, webm, mkv): a data URI, bare base64 of the file, or an http(s) URL. In a "
-        "multipart request: omitted, and the file sent as the part `items[<index>].video`. Models with a video "
-        "processor only (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5).",
+        description="A video file (mp4, webm, mkv): a data URI, bare base64 of the file, or an http(s) URL. Or the "
+        "clip's frames, already sampled: a list of images (each as `image` takes one), all of one size, taken "
+        "whole, with `fps` the rate they were sampled at. In a multipart request: omitted, and the file sent as "
+        "the part `items[<index>].video` (frame lists go in JSON). Models with a video processor only (Qwen2-VL, "
+        "Qwen2.5-VL, Qwen3-VL, Qwen3.5).",
         min_length=1,
     )
     fps: float | None = Field(
         default=None,
         gt=0,
         le=240,
-        description="Video only: sample this many frames per second of the clip, instead of the checkpoint's "
-        "video processor's own rule (Qwen2-VL's: every frame).",
+        description="Video file: sample this many frames per second of the clip, instead of the checkpoint's "
+        "video processor's own rule (Qwen2-VL's: every frame). Frame list (required there): the rate its "
+        "frames were sampled at, which the timing metadata is computed from.",
     )
     num_frames: PositiveInt | None = Field(
-        default=None, description="Video only: sample this many frames, evenly spread (instead of `fps`)."
+        default=None,
+        description="Video file only: sample this many frames, evenly spread (instead of `fps`).",
     )
     modality: Literal["image", "video"] | None = Field(
         default=None,
@@ -124,6 +135,13 @@ class EncodeItem(BaseModel):
             raise ValueError("`fps` and `num_frames` both choose a video's frames: give one of them")
         if (self.fps is not None or self.num_frames is not None) and self.video is None:
             raise ValueError("`fps` and `num_frames` choose a video's frames: they go with `video` only")
+        if isinstance(self.video, list):
+            if self.num_frames is not None:
+                raise ValueError("a frame list is taken whole: `num_frames` applies to a video file only")
+            if self.fps is None:
+                raise ValueError(
+                    "a frame list needs `fps`, the rate its frames were sampled at: the model places them in time by it"
+                )
         return self
 
 

@@ -19,11 +19,12 @@ import httpx
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 from transformers import AutoModelForImageTextToText, AutoProcessor
 from transformers.video_utils import VideoMetadata
 
 from tests.helpers import asgi_client, assert_error, data_uri, image_bytes, noise_image, precomputed, rows_of
-from tests.videos import clip, video_data_uri
+from tests.videos import clip, clip_frames, video_data_uri
 
 ATOL = 1e-5
 FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"]
@@ -53,15 +54,22 @@ def reference(checkpoint: Path) -> Callable[..., dict[str, Any]]:
     model = AutoModelForImageTextToText.from_pretrained(checkpoint, dtype=torch.float32).eval()
     placeholder = processor.tokenizer.convert_tokens_to_ids("<|video_pad|>")
 
-    def run(data: bytes, clip_fps: float, **sampling: Any) -> dict[str, Any]:
-        with av.open(io.BytesIO(data)) as container:
-            frames = np.stack([frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)])
+    def run(data: bytes | np.ndarray, clip_fps: float, **sampling: Any) -> dict[str, Any]:
+        """``data``: a video file, decoded as PyAV gives its frames; or frames already sampled, taken whole."""
+        if isinstance(data, bytes):
+            with av.open(io.BytesIO(data)) as container:
+                frames = np.stack([frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)])
+        else:
+            frames = data
         height, width = frames.shape[1:3]
         clip_info = VideoMetadata(
             total_num_frames=len(frames), fps=clip_fps, width=width, height=height, duration=len(frames) / clip_fps
         )
         # fps and num_frames exclude each other; Qwen3-VL's processor has an fps of its own, so both are set.
         options = {"do_sample_frames": True, "fps": None, "num_frames": None, **sampling} if sampling else {}
+        if not isinstance(data, bytes):
+            clip_info.frames_indices = list(range(len(frames)))
+            options = {"do_sample_frames": False}
         out = processor(
             text=["<|vision_start|><|video_pad|><|vision_end|>"],
             videos=[frames],
@@ -197,6 +205,51 @@ async def test_embeddings_give_one_vector_per_video(client: httpx.AsyncClient) -
         vector = torch.tensor(response.json()["data"][0]["embedding"])
         torch.testing.assert_close(vector, want, atol=1e-6, rtol=0)
         assert response.json()["usage"]["prompt_tokens"] == item["num_tokens"]
+
+
+# ----- a clip given as its frames, already sampled -----
+
+
+def _frame_uris(count: int, width: int = 72, height: int = 56, seed: int = 21) -> tuple[np.ndarray, list[str]]:
+    frames = clip_frames(count, width, height, seed)
+    return frames, [data_uri(Image.fromarray(frame)) for frame in frames]  # PNG: the pixels as they are
+
+
+@pytest.mark.parametrize("count", [5, 6])  # 5: odd, the last frame repeated to fill a temporal patch
+async def test_a_frame_list_gives_the_processors_count_metadata_and_the_models_rows(
+    client: httpx.AsyncClient, reference: Callable[..., dict[str, Any]], count: int
+) -> None:
+    frames, uris = _frame_uris(count)
+    (item,) = await encode(client, {"video": uris, "fps": 1.5})
+    want = reference(frames, 1.5)
+    assert item["num_tokens"] == want["num_tokens"] == item["embedding"]["shape"][0]
+    assert item["metadata"]["video_grid_thw"][0] == (count + 1) // 2  # taken whole: no sampling
+    assert_same_metadata(item["metadata"], want["metadata"])
+    torch.testing.assert_close(rows_of(item), want["rows"], atol=ATOL, rtol=0)
+
+
+async def test_a_frame_lists_hash_covers_its_frames_order_and_rate(client: httpx.AsyncClient) -> None:
+    _, uris = _frame_uris(4)
+    first = (await encode(client, {"video": uris, "fps": 2}))[0]
+    assert (await encode(client, {"video": uris, "fps": 2}))[0]["hash"] == first["hash"]
+    others = [{"video": uris, "fps": 4}, {"video": uris[::-1], "fps": 2}, {"video": uris[:2], "fps": 2}]
+    hashes = {first["hash"], *[(await encode(client, other))[0]["hash"] for other in others]}
+    assert len(hashes) == 4
+
+
+async def test_bad_frame_lists_are_refused_naming_the_frame(client: httpx.AsyncClient, checkpoint: Path) -> None:
+    _, uris = _frame_uris(3)
+    wrong_size = [*uris[:2], data_uri(noise_image(40, 40, seed=9))]
+    response = await client.post("/v1/encode", json={"items": [{"video": wrong_size, "fps": 2}]})
+    error = assert_error(response, 400, "invalid_video")
+    assert "frame 2 of the list is 40x40, frame 0 72x56" in error["message"] and error["param"] == "items[0].video"
+    response = await client.post("/v1/encode", json={"items": [{"video": [uris[0], "not base64!"], "fps": 2}]})
+    assert assert_error(response, 400, "invalid_image")["param"] == "items[0].video[1]"
+    for item in ({"video": uris}, {"video": uris, "fps": 2, "num_frames": 2}, {"video": [], "fps": 2}):
+        assert_error(await client.post("/v1/encode", json={"items": [item]}), 422, "validation_error")
+    async with asgi_client(model=checkpoint, max_video_frames=2) as few:
+        response = await few.post("/v1/encode", json={"items": [{"video": uris, "fps": 2}]})
+    assert assert_error(response, 413, "payload_too_large")["details"]["frames"] == 3
 
 
 # ----- hostile and mistaken inputs: a clear 4xx each, and the service serves on -----

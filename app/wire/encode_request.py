@@ -61,7 +61,11 @@ def _items(body: EncodeRequest) -> list[ItemInput]:
             hash=i.hash,
             video=i.video,
             modality=i.modality,
-            sampling=VideoSampling(fps=i.fps, num_frames=i.num_frames),
+            # A frame list is taken whole; its fps is the rate the frames were sampled at.
+            sampling=VideoSampling()
+            if isinstance(i.video, list)
+            else VideoSampling(fps=i.fps, num_frames=i.num_frames),
+            frames_fps=i.fps if isinstance(i.video, list) else None,
         )
         for i in body.items
     ]
