@@ -59,6 +59,9 @@ __all__ = ["ItemInput", "ItemResult", "Limits", "Modality", "Scheduler"]
 PrecomputedMode = Literal["strict", "fill"]
 Modality = Literal["image", "video"]
 _INLINE_BASE64_CHARS = 1 << 20
+# A frame list's images fetched (or base64-decoded) at once: the rest wait, so a long list of URLs
+# holds a few downloads in flight, not hundreds.
+_FRAME_FETCHES = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -374,21 +377,32 @@ class Scheduler:
                     "frames": len(frames),
                 },
             )
-        outcomes = await asyncio.gather(
-            *(self._media_bytes(index, ItemInput(image=frame)) for frame in frames), return_exceptions=True
-        )
-        for position, outcome in enumerate(outcomes):
-            if isinstance(outcome, ServiceError):
-                raise outcome.at_item(index, ("video", position))  # items[i].video[j]
-            if isinstance(outcome, BaseException):
-                raise outcome
-        packed = pack_frames([data for data in outcomes if isinstance(data, bytes)])
-        if len(packed) > self.limits.max_video_bytes:
-            raise PayloadTooLarge(
-                f"the frame list's images are {len(packed)} bytes, over the limit of {self.limits.max_video_bytes}",
-                details={"limit": "max_video_bytes", "max_bytes": self.limits.max_video_bytes},
-            )
-        return packed
+        budget = self.limits.max_video_bytes
+        received = 0
+        gate = asyncio.Semaphore(_FRAME_FETCHES)
+
+        async def one(position: int, frame: str) -> bytes:
+            nonlocal received
+            async with gate:
+                try:
+                    data = await self._media_bytes(index, ItemInput(image=frame))  # each within --max-image-bytes
+                except ServiceError as error:
+                    raise error.at_item(index, ("video", position)) from None  # items[i].video[j]
+            assert data is not None
+            received += len(data)
+            if received > budget:  # the whole list within --max-video-bytes, checked as frames arrive
+                raise PayloadTooLarge(
+                    f"the frame list's images pass {budget} bytes, the limit (--max-video-bytes)",
+                    details={"limit": "max_video_bytes", "max_bytes": budget},
+                )
+            return data
+
+        try:
+            async with asyncio.TaskGroup() as group:  # the first failure cancels the frames still coming
+                tasks = [group.create_task(one(position, frame)) for position, frame in enumerate(frames)]
+        except BaseExceptionGroup as failed:
+            raise failed.exceptions[0] from None
+        return pack_frames([task.result() for task in tasks])
 
     def _prepare(self, pending: _Pending) -> PreparedImage:
         """Decode and preprocess one image or video; runs on the pool."""
@@ -404,8 +418,15 @@ class Scheduler:
         def keep(total_frames: int, fps: float | None) -> list[int]:
             try:
                 return self.adapter.video_frames_to_keep(total_frames, fps, pending.sampling)
-            except ValueError as exc:  # e.g. more frames asked for than the clip has
+            except (ValueError, ArithmeticError) as exc:  # more frames asked than the clip has; 0 frames
                 raise InvalidVideo(f"the model's video processor cannot sample this video: {exc}") from None
+
+        asked = pending.sampling.num_frames
+        if asked is not None and asked > self.limits.video.max_frames:  # before the processor lists them
+            raise PayloadTooLarge(
+                f"{asked} frames asked for, over the limit of {self.limits.video.max_frames} (--max-video-frames)",
+                details={"limit": "max_video_frames", "max_frames": self.limits.video.max_frames, "frames": asked},
+            )
 
         try:
             if pending.frames_fps is not None:

@@ -71,7 +71,9 @@ def decode_video(data: bytes, limits: VideoLimits, keep: FrameChooser) -> Decode
         raise _not_a_video("the video stream holds no frame")
     if counted < header.declared_frames:
         raise _truncated(header.declared_frames, counted)
-    _check_seconds(counted / header.fps if header.fps else 0.0, "its frames last", limits)
+    # The length its frames make at a rate no camera's clip exceeds: a header claiming a million frames a
+    # second (or none) cannot pass millions of frames off as a short clip; every frame is decoded.
+    _check_seconds(counted / _plausible_fps(header.fps), "its frames last", limits)
     total = counted
     for _ in range(2):
         indices = [int(i) for i in keep(total, header.fps)]
@@ -172,7 +174,9 @@ def _read_header(data: bytes, limits: VideoLimits) -> _Header:
         fps = float(stream.average_rate) if stream.average_rate else None
         header = _Header(fps, stream.codec_context.width or 0, stream.codec_context.height or 0, stream.frames or 0)
         _check_frame_size(header.width, header.height, limits)
-        if container.duration:  # microseconds
+        if stream.duration and stream.time_base:
+            _check_seconds(float(stream.duration * stream.time_base), "its header declares", limits)
+        elif container.duration:  # microseconds, all streams: only when the video's own is not given
             _check_seconds(container.duration / 1_000_000, "its header declares", limits)
         if header.declared_frames and fps:
             _check_seconds(header.declared_frames / fps, "its header declares", limits)
@@ -200,7 +204,7 @@ def _check_kept(indices: list[int], total: int, header: _Header, limits: VideoLi
             "(--max-video-frames); ask for fewer (fps, num_frames)",
             details={"limit": "max_video_frames", "max_frames": limits.max_frames, "frames": len(indices)},
         )
-    if len(set(indices)) * header.width * header.height * 3 > limits.max_decoded_bytes:
+    if len(indices) * header.width * header.height * 3 > limits.max_decoded_bytes:  # rows, repeats included
         raise _too_many_bytes(limits)
 
 
@@ -214,16 +218,23 @@ def _decode_frames(data: bytes, indices: list[int], limits: VideoLimits) -> tupl
         positions.setdefault(index, []).append(position)
     out: np.ndarray | None = None
     filled = decoded = 0
+    budget = _frame_budget(limits)
     with _open(data) as container:
         stream = container.streams.video[0]
         stream.thread_type = "AUTO"
         try:
             for frame in container.decode(stream):
                 _check_frame_size(frame.width, frame.height, limits)
+                if decoded >= budget:  # more frames decode than its packets said: stop here
+                    raise PayloadTooLarge(
+                        f"the video decodes to more than {budget} frames, longer than --max-video-seconds "
+                        f"({limits.max_seconds:g} s) at any plausible frame rate",
+                        details={"limit": "max_video_seconds", "max_seconds": limits.max_seconds},
+                    )
                 if decoded in positions:
                     pixels = frame.to_ndarray(format="rgb24")
                     if out is None:
-                        if len(positions) * pixels.nbytes > limits.max_decoded_bytes:  # larger than declared
+                        if len(indices) * pixels.nbytes > limits.max_decoded_bytes:  # larger than declared
                             raise _too_many_bytes(limits)
                         out = np.empty((len(indices), *pixels.shape), np.uint8)
                     elif pixels.shape != out.shape[1:]:
@@ -235,6 +246,21 @@ def _decode_frames(data: bytes, indices: list[int], limits: VideoLimits) -> tupl
         except av.error.FFmpegError as exc:
             raise _not_a_video(f"{type(exc).__name__} after {decoded} frames: {exc}") from None
     return (out if filled == len(positions) else None), decoded
+
+
+# Frame rates past this are counted as this when a clip's length is judged from its frames (high-speed
+# footage is slowed down before it is a video file); a clip that states none counts at 24, as
+# transformers assumes.
+_MAX_PLAUSIBLE_FPS, _DEFAULT_FPS = 120.0, 24.0
+
+
+def _plausible_fps(fps: float | None) -> float:
+    return min(fps, _MAX_PLAUSIBLE_FPS) if fps else _DEFAULT_FPS
+
+
+def _frame_budget(limits: VideoLimits) -> int:
+    """The most frames one decoding pass may go through: the longest clip at the highest plausible rate."""
+    return int(limits.max_seconds * _MAX_PLAUSIBLE_FPS)
 
 
 def _check_seconds(seconds: float, what: str, limits: VideoLimits) -> None:

@@ -75,7 +75,7 @@ class Qwen2VLAdapter(EncoderAdapter):
 
     # ----- video: the same tower, over patches that span `temporal_patch_size` frames -----
     video_processor_class: ClassVar[str | None] = "Qwen2VLVideoProcessor"
-    required_video_metadata = ("video_grid_thw",)
+    required_video_metadata: ClassVar[tuple[str, ...]] = ("video_grid_thw",)
 
     # What transformers' BaseVideoProcessor.preprocess takes out of its arguments before it binds the rest
     # to sample_frames.

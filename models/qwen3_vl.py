@@ -43,10 +43,31 @@ class _Qwen3VideoTiming(Qwen2VLAdapter):
     """The video side Qwen3-VL and Qwen3.5 share: Qwen3-VL's video processor and per-patch timestamps."""
 
     video_processor_class = "Qwen3VLVideoProcessor"
+    # The language side writes each temporal patch's "<t seconds>" from them: a precomputed clip needs them.
+    required_video_metadata = ("video_grid_thw", TIMESTAMPS_FIELD)
 
     def _video_timing(self, clip: VideoMetadata) -> dict[str, Any]:
         assert self.video_processor is not None
         return {TIMESTAMPS_FIELD: patch_timestamps(clip, int(self.video_processor.temporal_patch_size))}
+
+    def video_tokens_from_metadata(self, metadata: Mapping[str, Any]) -> int:
+        rows = super().video_tokens_from_metadata(metadata)
+        patches = int(metadata["video_grid_thw"][0])
+        stamps = metadata.get(TIMESTAMPS_FIELD)
+        if stamps is None:
+            raise MetadataError(TIMESTAMPS_FIELD, "is required: one time in seconds per temporal patch", missing=True)
+        if (
+            not isinstance(stamps, list)
+            or len(stamps) != patches
+            or not all(isinstance(t, (int, float)) and not isinstance(t, bool) and t >= 0 for t in stamps)
+        ):
+            raise MetadataError(
+                TIMESTAMPS_FIELD,
+                f"must be {patches} times in seconds, one per temporal patch of video_grid_thw, got "
+                f"{reprlib.repr(stamps)}",
+                missing=False,
+            )
+        return rows
 
 
 def patch_timestamps(clip: VideoMetadata, temporal_patch_size: int) -> list[float]:

@@ -23,6 +23,7 @@ from PIL import Image
 from transformers import AutoModelForImageTextToText, AutoProcessor
 from transformers.video_utils import VideoMetadata
 
+from mmencode.app.errors import PayloadTooLarge
 from tests.helpers import asgi_client, assert_error, data_uri, image_bytes, noise_image, precomputed, rows_of
 from tests.videos import clip, clip_frames, video_data_uri
 
@@ -184,7 +185,15 @@ async def test_precomputed_video_rows_are_checked_against_the_video_grid(client:
     response = await client.post("/v1/encode", json={"items": [{**given, "metadata": {}}]})
     error = assert_error(response, 400, "missing_metadata")
     assert error["param"] == "items[0].metadata.video_grid_thw"
-    assert error["details"]["required"] == ["video_grid_thw"]
+    timed = "timestamps" in item["metadata"]  # Qwen3-VL, Qwen3.5: the language side writes them as text
+    assert error["details"]["required"] == ["video_grid_thw", "timestamps"] if timed else ["video_grid_thw"]
+    if timed:
+        untimed = {k: v for k, v in item["metadata"].items() if k != "timestamps"}
+        response = await client.post("/v1/encode", json={"items": [{**given, "metadata": untimed}]})
+        assert assert_error(response, 400, "missing_metadata")["param"] == "items[0].metadata.timestamps"
+        one_short = {**item["metadata"], "timestamps": item["metadata"]["timestamps"][:-1]}
+        response = await client.post("/v1/encode", json={"items": [{**given, "metadata": one_short}]})
+        assert "one per temporal patch" in assert_error(response, 422, "validation_error")["message"]
     # The rows of one temporal patch fewer than the grid says.
     short = {**given, "precomputed_embedding": precomputed(rows[: -item["num_tokens"] // 5])}
     response = await client.post("/v1/encode", json={"items": [short]})
@@ -330,6 +339,42 @@ async def test_the_frame_limit_counts_the_frames_kept_and_the_row_limit_the_rows
         response = await few_rows.post("/v1/encode", json={"items": [short]})
         error = assert_error(response, 413, "payload_too_large")
         assert error["details"]["limit"] == "max_video_tokens" and error["details"]["rows"] == item["num_tokens"]
+
+
+async def test_frames_asked_past_the_limit_or_none_at_all_are_refused(client: httpx.AsyncClient) -> None:
+    uri = video_data_uri(CLIPS["mp4"][0])
+    response = await client.post("/v1/encode", json={"items": [{"video": uri, "num_frames": 10**9}]})
+    assert assert_error(response, 413, "payload_too_large")["details"]["frames"] == 10**9  # before any listing
+    # One frame: Qwen2-VL's sampler rounds it to none (a division by zero inside), Qwen3-VL's tower needs two.
+    response = await client.post("/v1/encode", json={"items": [{"video": uri, "num_frames": 1}]})
+    assert assert_error(response, 400, "invalid_video")["param"] == "items[0].video"
+
+
+def test_a_frame_rate_no_camera_has_does_not_make_a_long_clip_short() -> None:
+    from mmencode.app.videos import VideoLimits, decode_video
+
+    buffer = io.BytesIO()
+    with av.open(buffer, mode="w", format="matroska") as output:
+        stream = output.add_stream("ffv1", rate=1000)  # 1,500 frames "in 1.5 s"
+        stream.width, stream.height, stream.pix_fmt = 16, 16, "yuv444p"
+        for _ in range(1500):
+            output.mux(stream.encode(av.VideoFrame.from_ndarray(np.zeros((16, 16, 3), np.uint8), format="rgb24")))
+        output.mux(stream.encode())
+    limits = VideoLimits(max_seconds=10, max_frames=8, max_frame_pixels=10**6, max_decoded_bytes=10**8)
+
+    def keep(total: int, fps: float | None) -> list[int]:
+        raise AssertionError("refused before sampling")
+
+    with pytest.raises(PayloadTooLarge) as refused:
+        decode_video(buffer.getvalue(), limits, keep)
+    assert refused.value.details["limit"] == "max_video_seconds"  # 1,500 frames at 120 fps at most: 12.5 s
+
+
+async def test_a_frame_list_is_held_to_the_video_byte_limit(checkpoint: Path) -> None:
+    _, uris = _frame_uris(6)
+    async with asgi_client(model=checkpoint, max_video_bytes=3 * len(uris[0]) * 3 // 4) as small:
+        response = await small.post("/v1/encode", json={"items": [{"video": uris, "fps": 2}]})
+    assert assert_error(response, 413, "payload_too_large")["details"]["limit"] == "max_video_bytes"
 
 
 def test_only_the_frames_kept_are_converted_and_they_are_pyavs_own() -> None:
