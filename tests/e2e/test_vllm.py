@@ -146,6 +146,25 @@ def test_vllm_ec_consumer_loads_every_item_mmencode_wrote(ec_server: LiveServer,
         assert torch.equal(loaded, rows_of(item).to(torch.bfloat16))
 
 
+def test_vllm_ec_consumer_loads_a_video_item_mmencode_wrote(ec_server: LiveServer, tmp_path: Path) -> None:
+    """A clip's rows go through the connector as an image's do: one file under the item's hash."""
+    storage = ec_server.settings.ec_shared_storage
+    assert storage is not None
+    with ec_server.client() as client:
+        response = client.post(
+            "/v1/encode",
+            json={"items": [{"video": video_data_uri(clip(7, 72, 40, fps=8, seed=94)), "fps": 4}], "dtype": "bfloat16"},
+        )
+    assert response.status_code == 200, response.text
+    item = response.json()["items"][0]
+    assert item["ec_cache_path"] == str(storage / item["hash"] / EC_CACHE_FILENAME)
+    consumed = vllm_ec_consume(storage, [item["hash"]], tmp_path)
+    assert consumed["found"] == {item["hash"]: True}
+    loaded = consumed["loaded"][item["hash"]]
+    assert list(loaded.shape) == [item["num_tokens"], 64]
+    assert torch.equal(loaded, rows_of(item).to(torch.bfloat16))
+
+
 def test_an_unwritable_ec_storage_never_fails_the_request(
     checkpoints: dict[str, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
