@@ -27,7 +27,7 @@ from typing import Any
 
 from mmencode.models.errors import CheckpointError
 
-__all__ = ["PREPROCESSOR_FILE", "PROCESSOR_FILE", "ProcessorConfig", "read_processor_config"]
+__all__ = ["PREPROCESSOR_FILE", "PROCESSOR_FILE", "ProcessorConfig", "read_json_object", "read_processor_config"]
 
 PREPROCESSOR_FILE = "preprocessor_config.json"
 PROCESSOR_FILE = "processor_config.json"
@@ -52,7 +52,7 @@ class ProcessorConfig:
         return default
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json_object(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
@@ -72,12 +72,12 @@ def read_processor_config(checkpoint: Path) -> ProcessorConfig:
     processor: dict[str, Any] = {}
     nested: Any = None
     if (checkpoint / PROCESSOR_FILE).is_file():
-        processor = _read_json(checkpoint / PROCESSOR_FILE)
+        processor = read_json_object(checkpoint / PROCESSOR_FILE)
         nested = processor.pop("image_processor", None)
     if isinstance(nested, dict):
         image_processor = nested
     elif (checkpoint / PREPROCESSOR_FILE).is_file():
-        image_processor = _read_json(checkpoint / PREPROCESSOR_FILE)
+        image_processor = read_json_object(checkpoint / PREPROCESSOR_FILE)
     else:
         raise CheckpointError(
             f"{checkpoint} has no image processor settings: neither {PREPROCESSOR_FILE} nor an "

@@ -23,7 +23,7 @@ import transformers
 
 from mmencode.models.errors import CheckpointError
 from mmencode.models.optional import torchvision_problem
-from mmencode.models.processor_config import PREPROCESSOR_FILE, PROCESSOR_FILE
+from mmencode.models.processor_config import PREPROCESSOR_FILE, PROCESSOR_FILE, read_json_object
 
 __all__ = ["VIDEO_PROCESSOR_FILE", "load_video_processor"]
 
@@ -59,21 +59,11 @@ def load_video_processor(checkpoint: Path, class_name: str) -> tuple[Any | None,
 def _settings(checkpoint: Path) -> tuple[dict[str, Any], Path] | None:
     nested = checkpoint / PROCESSOR_FILE
     if nested.is_file():
-        video = _read(nested).get("video_processor")
+        video = read_json_object(nested).get("video_processor")
         if isinstance(video, dict):
             return dict(video), nested
     for name in (VIDEO_PROCESSOR_FILE, PREPROCESSOR_FILE):
         path = checkpoint / name
         if path.is_file():
-            return _read(path), path
+            return read_json_object(path), path
     return None
-
-
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{path} is not readable JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path} must hold a JSON object")
-    return data
