@@ -17,7 +17,7 @@ COPY schemas ./schemas
 # The package's root; pyproject.toml installs the three folders above under it, so a user's `app` is never shadowed.
 COPY mmencode ./mmencode
 # The video extra: PyAV (FFmpeg inside its wheel) for video items.
-RUN pip install ".[video]" && useradd --system --uid 10001 mmencode && mkdir -p /var/cache/mmencode \
+RUN pip install ".[video,audio]" && useradd --system --uid 10001 mmencode && mkdir -p /var/cache/mmencode \
     && chown mmencode /var/cache/mmencode
 USER mmencode
 

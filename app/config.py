@@ -153,6 +153,15 @@ class Settings(BaseSettings):
     max_video_tokens: int = Field(
         default=32768, ge=1, description="Rows one video may yield at the checkpoint's sampling; past it: 413."
     )
+    max_audio_bytes: ByteSize = Field(
+        default=ByteSize(25 * MiB), ge=1, description="One audio file's size; past it: 413."
+    )
+    max_audio_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="Length of one audio clip (its header's, then its decoded samples'); past it: 413. Never more "
+        "than the model's feature-extractor window (Whisper's: 30 s), which the model cannot see past.",
+    )
 
     # --- URL fetching ---
     url_fetch_timeout: float = Field(default=10.0, gt=0, description="Seconds for a whole image URL fetch.")

@@ -39,8 +39,10 @@ def measure_forward_threads(adapter: EncoderAdapter, cores: int, repeats: int = 
     """Time the adapter and set torch's threads to the better choice. Call it from the encoder's thread:
     the count is set for the calling thread only (``torch_threads_here``)."""
     image = Image.new("RGB", (CALIBRATION_SIZE, CALIBRATION_SIZE), (127, 64, 200))
-    preprocess = _fastest(lambda: adapter.preprocess(image), repeats)
-    item = adapter.preprocess(image)
+    # An audio-only checkpoint calibrates on its own warm-up clip.
+    prepare = (lambda: adapter.preprocess(image)) if adapter.takes_images else adapter.warmup_item
+    preprocess = _fastest(prepare, repeats)
+    item = prepare()
     times = {1: float("inf"), cores: float("inf")}
     spent = dict.fromkeys(times, 0.0)
     samples = 0

@@ -140,6 +140,12 @@ class InvalidVideo(InvalidRequest):
     code = "invalid_video"
 
 
+class InvalidAudio(InvalidRequest):
+    """Not audio FFmpeg decodes, truncated, silent of samples, or in a layout the service does not take."""
+
+    code = "invalid_audio"
+
+
 class UnsupportedModality(InvalidRequest):
     """A video (or audio) item for a model that takes images only, or a server without the decoder."""
 

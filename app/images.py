@@ -94,6 +94,13 @@ class MediaKind:
 IMAGE = MediaKind("image", InvalidImage, "max_image_bytes")
 
 
+def is_image_container(format_name: str) -> bool:
+    """Whether FFmpeg opened a file as an image: still images come as one-frame streams (``png_pipe``,
+    ``image2``...) and GIFs as clips. Neither is a video or audio item, and their rows would be counted as
+    one."""
+    return format_name.endswith("_pipe") or format_name in {"image2", "gif", "apng"}
+
+
 def decode_base64_image(source: str, *, max_bytes: int) -> bytes:
     """The file bytes of an image's data URI or bare base64 string."""
     return decode_base64_file(source, max_bytes=max_bytes, kind=IMAGE)

@@ -60,6 +60,7 @@ def create_app(settings: Settings) -> FastAPI:
         fetcher,
         max_image_bytes=settings.max_image_bytes,
         max_video_bytes=settings.max_video_bytes,
+        max_audio_bytes=settings.max_audio_bytes,
         dtype=settings.sglang_dtype,
         push_timeout_s=settings.sglang_push_timeout,
         metrics=metrics,

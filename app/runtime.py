@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from mmencode.app.audios import AudioLimits
 from mmencode.app.cache import CacheTier, LRUEmbeddingCache, SharedCache, TieredCache
 from mmencode.app.compute_gate import ComputeGate, GatedThreadPool
 from mmencode.app.config import Settings
@@ -179,6 +180,10 @@ class Runtime:
                 max_decoded_bytes=self.settings.max_video_decoded_bytes,
             ),
             max_video_tokens=self.settings.max_video_tokens,
+            max_audio_bytes=self.settings.max_audio_bytes,
+            audio=AudioLimits(
+                max_seconds=min(self.settings.max_audio_seconds, adapter.max_audio_seconds or float("inf"))
+            ),
         )
         self.adapter, self.worker = adapter, worker
         tiers: list[CacheTier] = [self.local_cache]

@@ -9,16 +9,18 @@ or fails whole: the first failing item (lowest index) names the error.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
 
+from mmencode.app.audios import AUDIO, AudioLimits, audio_support, decode_audio
 from mmencode.app.cache import CachedEmbedding, TieredCache, content_hash
 from mmencode.app.errors import (
     InternalError,
+    InvalidAudio,
     InvalidImage,
     InvalidVideo,
     ItemLocation,
@@ -36,7 +38,7 @@ from mmencode.app.errors import (
     ValidationFailed,
 )
 from mmencode.app.fetch import ImageFetcher
-from mmencode.app.images import decode_base64_file, decode_image, decode_inline_image, is_url
+from mmencode.app.images import IMAGE, MediaKind, decode_base64_file, decode_image, decode_inline_image, is_url
 from mmencode.app.metrics import Metrics
 from mmencode.app.precomputed import decode_precomputed
 from mmencode.app.videos import (
@@ -50,14 +52,13 @@ from mmencode.app.videos import (
 )
 from mmencode.app.worker import EncoderWorker, QueueFull, Reservation, TokenDrift, WorkerStopped
 from mmencode.models import EncoderAdapter, MetadataError, PreparedImage
-from mmencode.models.base import VideoSampling
+from mmencode.models.base import Modality, VideoSampling
 from mmencode.models.errors import UnsupportedModalityError
 from mmencode.schemas.encode import PrecomputedEmbedding
 
 __all__ = ["ItemInput", "ItemResult", "Limits", "Modality", "Scheduler"]
 
 PrecomputedMode = Literal["strict", "fill"]
-Modality = Literal["image", "video"]
 _INLINE_BASE64_CHARS = 1 << 20
 # A frame list's images fetched (or base64-decoded) at once: the rest wait, so a long list of URLs
 # holds a few downloads in flight, not hundreds.
@@ -78,16 +79,21 @@ class ItemInput:
     modality: Modality | None = None
     sampling: VideoSampling = field(default_factory=VideoSampling)  # the checkpoint's frames unless set
     frames_fps: float | None = None  # a frame list's: the rate its frames were sampled at
+    audio: str | bytes | None = None  # as ``image``: a wav, flac, mp3 or ogg file
 
     @property
     def kind(self) -> Modality:
         if self.video is not None:
             return "video"
+        if self.audio is not None:
+            return "audio"
         return "image" if self.image is not None else self.modality or "image"
 
     @property
     def media(self) -> str | bytes | list[str] | None:
-        return self.video if self.video is not None else self.image
+        if self.video is not None:
+            return self.video
+        return self.audio if self.audio is not None else self.image
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +119,39 @@ class Limits:
     max_video_bytes: int
     video: VideoLimits
     max_video_tokens: int
+    max_audio_bytes: int
+    audio: AudioLimits
+
+
+@dataclass(frozen=True, slots=True)
+class MediaRule:
+    """What the scheduler needs to know of one modality, beside what the adapter knows of it."""
+
+    media: MediaKind  # its word in messages, data URI type and error
+    max_bytes: Callable[[Limits], int]  # one file's limit
+    decoder_problem: Callable[[], str | None]  # why this server cannot decode it (None: it can)
+    article: str  # "an image": the item in a message
+    not_taken: str  # what a checkpoint that does not take it does, and which do
+
+
+MEDIA_RULES: dict[Modality, MediaRule] = {
+    "image": MediaRule(IMAGE, lambda limits: limits.max_image_bytes, lambda: None, "an image", "encodes audio only"),
+    "video": MediaRule(
+        VIDEO,
+        lambda limits: limits.max_video_bytes,
+        video_support,
+        "a video",
+        "takes no video here (videos: qwen2_vl, qwen2_5_vl, qwen3_vl and qwen3_5 checkpoints with a video "
+        "processor, and torchvision)",
+    ),
+    "audio": MediaRule(
+        AUDIO,
+        lambda limits: limits.max_audio_bytes,
+        audio_support,
+        "audio",
+        "has no audio tower (audio: qwen2_audio, qwen2_5_omni and qwen3_omni_moe checkpoints)",
+    ),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,24 +230,23 @@ class Scheduler:
         return ordered
 
     def _check_modalities(self, items: Sequence[ItemInput]) -> None:
-        """Videos only for a model that takes them, on a server that decodes them: before any work."""
+        """Each item's modality only for a model that takes it, on a server that decodes it: before any work."""
         for index, item in enumerate(items):
-            if item.kind != "video":
-                continue
-            if not self.adapter.takes_video:
+            rule = MEDIA_RULES[item.kind]
+            where = ItemLocation(index, (item.kind,), named_in_message=True)
+            if not self.adapter.takes(item.kind):
                 raise UnsupportedModality(
-                    f"item {index} is a video, but this {self.adapter.family} checkpoint encodes images only here "
-                    "(videos: qwen2_vl, qwen2_5_vl, qwen3_vl and qwen3_5 checkpoints with a video processor, and "
-                    "torchvision)",
-                    location=ItemLocation(index, ("video",), named_in_message=True),
-                    details={"family": self.adapter.family, "modality": "video"},
+                    f"item {index} is {rule.article}, but this {self.adapter.family} checkpoint {rule.not_taken}",
+                    location=where,
+                    details={"family": self.adapter.family, "modality": item.kind},
                 )
-            problem = video_support() if isinstance(item.video, (str, bytes)) else None  # frame lists need no PyAV
+            # A frame list is images: it needs no video decoder.
+            problem = rule.decoder_problem() if isinstance(item.media, (str, bytes)) else None
             if problem is not None:
                 raise UnsupportedModality(
-                    f"item {index} is a video, which this server cannot decode: {problem}",
-                    location=ItemLocation(index, ("video",), named_in_message=True),
-                    details={"modality": "video"},
+                    f"item {index} is {rule.article}, which this server cannot decode: {problem}",
+                    location=where,
+                    details={"modality": item.kind},
                 )
 
     # ----- precomputed items -----
@@ -219,10 +257,7 @@ class Scheduler:
         for index in indices:
             item = items[index]
             try:
-                if item.kind == "video":
-                    rows[index] = self.adapter.video_tokens_from_metadata(item.metadata)
-                else:
-                    rows[index] = self.adapter.tokens_from_metadata(item.metadata)
+                rows[index] = self.adapter.tokens_for(item.kind, item.metadata)
             except MetadataError as exc:
                 entry = {"index": index, "field": exc.field, "reason": exc.reason}
                 (absent if exc.missing else malformed).append(entry)
@@ -234,11 +269,7 @@ class Scheduler:
                 location=ItemLocation(first["index"], ("metadata", first["field"]), named_in_message=True),
                 details={
                     "family": self.adapter.family,
-                    "required": list(
-                        self.adapter.required_video_metadata
-                        if items[first["index"]].kind == "video"
-                        else self.adapter.required_metadata
-                    ),
+                    "required": list(self.adapter.required_metadata_for(items[first["index"]].kind)),
                     "items": absent,
                 },
             )
@@ -331,6 +362,8 @@ class Scheduler:
             return f"{self.adapter.fingerprint};video-frames;{self.adapter.video_fingerprint};fps={item.frames_fps}"
         if item.kind == "video":
             return f"{self.adapter.fingerprint};video;{self.adapter.video_fingerprint};{item.sampling.key}"
+        if item.kind == "audio":  # the feature extractor's settings are in the fingerprint already
+            return f"{self.adapter.fingerprint};audio"
         return self.adapter.fingerprint
 
     async def _media_bytes(self, index: int, item: ItemInput) -> bytes | None:
@@ -340,8 +373,8 @@ class Scheduler:
             return None
         if isinstance(media, list):
             return await self._frame_list_bytes(index, media)
-        video = item.kind == "video"
-        max_bytes = self.limits.max_video_bytes if video else self.limits.max_image_bytes
+        rule = MEDIA_RULES[item.kind]
+        max_bytes = rule.max_bytes(self.limits)
         if isinstance(media, bytes):
             if len(media) > max_bytes:
                 raise PayloadTooLarge(
@@ -350,14 +383,14 @@ class Scheduler:
                 )
             return media
         if is_url(media):
-            if video:
-                return await self.fetcher.fetch(media, kind=VIDEO, max_bytes=max_bytes)
-            return await self.fetcher.fetch(media)
+            if item.kind == "image":
+                return await self.fetcher.fetch(media)  # within the fetcher's own image limit
+            return await self.fetcher.fetch(media, kind=rule.media, max_bytes=max_bytes)
 
         def decode() -> bytes:
-            if video:
-                return decode_base64_file(media, max_bytes=max_bytes, kind=VIDEO)
-            return decode_inline_image(media, max_bytes=max_bytes)
+            if item.kind == "image":  # an image's own checks: text sent as an image, SVG...
+                return decode_inline_image(media, max_bytes=max_bytes)
+            return decode_base64_file(media, max_bytes=max_bytes, kind=rule.media)
 
         # SIMD base64 takes ~50 us per MB: below that, a thread hop (a wake-up of the loop) costs more.
         if len(media) < _INLINE_BASE64_CHARS:
@@ -405,14 +438,25 @@ class Scheduler:
         return pack_frames([task.result() for task in tasks])
 
     def _prepare(self, pending: _Pending) -> PreparedImage:
-        """Decode and preprocess one image or video; runs on the pool."""
-        if pending.kind == "video":
-            return self._prepare_video(pending)
+        """Decode and preprocess one item; runs on the pool."""
+        prepare = {"image": self._prepare_image, "video": self._prepare_video, "audio": self._prepare_audio}
+        return prepare[pending.kind](pending)
+
+    def _prepare_image(self, pending: _Pending) -> PreparedImage:
         image = decode_image(pending.data, max_pixels=self.limits.max_image_pixels)
         try:
             return self.adapter.preprocess(image)
         except ValueError as exc:  # e.g. Qwen2-VL refuses aspect ratios over 200
             raise InvalidImage(f"the model's image processor cannot take this image: {exc}") from None
+
+    def _prepare_audio(self, pending: _Pending) -> PreparedImage:
+        rate = self.adapter.audio_sampling_rate
+        assert rate is not None  # _check_audio let the item through
+        audio = decode_audio(pending.data, self.limits.audio, rate)
+        try:
+            return self.adapter.preprocess_audio(audio)
+        except ValueError as exc:
+            raise InvalidAudio(f"the model's feature extractor cannot take this audio: {exc}") from None
 
     def _prepare_video(self, pending: _Pending) -> PreparedImage:
         def keep(total_frames: int, fps: float | None) -> list[int]:

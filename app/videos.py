@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from mmencode.app.errors import InvalidImage, InvalidVideo, PayloadTooLarge
-from mmencode.app.images import MediaKind, decode_image
+from mmencode.app.images import MediaKind, decode_image, is_image_container
 from mmencode.models.base import DecodedVideo
 
 __all__ = [
@@ -162,7 +162,7 @@ def _open(data: bytes) -> Any:
 def _read_header(data: bytes, limits: VideoLimits) -> _Header:
     """What the container says, before a frame is decoded."""
     with _open(data) as container:
-        if _is_image_format(container.format.name):
+        if is_image_container(container.format.name):
             raise InvalidVideo(
                 f"this file is an image ({container.format.name.removesuffix('_pipe')}), not a video: send it as "
                 "`image`",
@@ -286,12 +286,6 @@ def _truncated(declared: int, found: int) -> InvalidVideo:
         f"the video is truncated: its header declares {declared} frames, but only {found} decode",
         details={"declared_frames": declared, "decoded_frames": found},
     )
-
-
-def _is_image_format(name: str) -> bool:
-    """FFmpeg opens still images as one-frame videos (``png_pipe``, ``image2``...) and GIFs as clips:
-    neither is what a video item means, and their rows would be counted as a video's."""
-    return name.endswith("_pipe") or name in {"image2", "gif", "apng"}
 
 
 def _check_frame_size(width: int, height: int, limits: VideoLimits) -> None:

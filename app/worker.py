@@ -131,7 +131,7 @@ class EncoderWorker:
         self._executor.submit(self._warmup, cpu_threads).result()
 
     def _warmup(self, cpu_threads: int | None) -> None:
-        self.adapter.forward([self.adapter.preprocess(self.adapter.warmup_image())])
+        self.adapter.forward([self.adapter.warmup_item()])
         if self.adapter.device.type != "cpu":
             return
         if cpu_threads is None:

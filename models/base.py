@@ -13,7 +13,7 @@ import reprlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -24,6 +24,10 @@ from mmencode.models.errors import MetadataError, UnsupportedModalityError
 from mmencode.models.processor_backend import Backend, processor_class_for
 from mmencode.models.processor_config import ProcessorConfig, read_processor_config
 from mmencode.models.weights import KeyMap
+
+# What an item is: the file field it came in (``image``, ``video``, ``audio``), or a precomputed item's
+# ``modality``.
+Modality = Literal["image", "video", "audio"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +70,18 @@ class VideoSampling:
 
 
 @dataclass(frozen=True, slots=True)
+class DecodedAudio:
+    """A clip's sound as its feature extractor takes it: mono float32 samples at ``sampling_rate``."""
+
+    samples: np.ndarray  # (n,) float32
+    sampling_rate: int
+
+    @property
+    def seconds(self) -> float:
+        return len(self.samples) / self.sampling_rate
+
+
+@dataclass(frozen=True, slots=True)
 class EncoderOutput:
     """A batch's output rows, items in order, on the CPU in float32."""
 
@@ -88,6 +104,8 @@ class EncoderAdapter(abc.ABC):
     weight_prefixes: ClassVar[tuple[str, ...]] = ("",)
     # Other layouts the encoder's weights may come in (transformers 4 hub saves, OpenGVLab's...).
     key_maps: ClassVar[tuple[KeyMap, ...]] = ()
+    # The batch's tensors computed in the model's dtype (bf16 on a GPU); the rest (grids, masks) keep theirs.
+    float_inputs: ClassVar[tuple[str, ...]] = ("pixel_values",)
 
     def __init__(
         self,
@@ -184,6 +202,55 @@ class EncoderAdapter(abc.ABC):
         """Rows a video item with this metadata yields (as :meth:`tokens_from_metadata`)."""
         raise UnsupportedModalityError(f"{self.family} models take images only")
 
+    # ----- audio (the families whose checkpoints carry an audio tower) -----
+    # Metadata fields a precomputed audio item must carry.
+    required_audio_metadata: ClassVar[tuple[str, ...]] = ()
+    # False for an audio-only checkpoint (Qwen2-Audio): its items must be audio.
+    takes_images: ClassVar[bool] = True
+
+    @property
+    def audio_sampling_rate(self) -> int | None:
+        """The rate the feature extractor takes samples at; ``None`` for a model without an audio tower."""
+        return None
+
+    @property
+    def takes_audio(self) -> bool:
+        return self.audio_sampling_rate is not None
+
+    @property
+    def max_audio_seconds(self) -> float | None:
+        """The longest clip the feature extractor takes whole (Whisper's: 30 s); ``None`` for no bound."""
+        return None
+
+    def preprocess_audio(self, audio: DecodedAudio) -> PreparedImage:
+        """Run the checkpoint's feature extractor on one clip. Thread-safe, CPU only."""
+        raise UnsupportedModalityError(f"{self.family} models take no audio")
+
+    def audio_tokens_from_metadata(self, metadata: Mapping[str, Any]) -> int:
+        """Rows an audio item with this metadata yields (as :meth:`tokens_from_metadata`)."""
+        raise UnsupportedModalityError(f"{self.family} models take no audio")
+
+    # ----- one entry per modality, for the scheduler -----
+    def takes(self, modality: Modality) -> bool:
+        """Whether this checkpoint encodes items of ``modality`` here."""
+        return {"image": self.takes_images, "video": self.takes_video, "audio": self.takes_audio}[modality]
+
+    def required_metadata_for(self, modality: Modality) -> tuple[str, ...]:
+        """The metadata a precomputed item of ``modality`` must carry."""
+        if modality == "video":
+            return self.required_video_metadata
+        return self.required_audio_metadata if modality == "audio" else self.required_metadata
+
+    def tokens_for(self, modality: Modality, metadata: Mapping[str, Any]) -> int:
+        """Rows a precomputed item of ``modality`` with this metadata yields (:class:`MetadataError` if unknown)."""
+        if modality == "video":
+            return self.video_tokens_from_metadata(metadata)
+        return self.audio_tokens_from_metadata(metadata) if modality == "audio" else self.tokens_from_metadata(metadata)
+
+    def warmup_item(self) -> PreparedImage:
+        """The small item the warm-up forward and the CPU thread calibration encode."""
+        return self.preprocess(self.warmup_image())
+
     @abc.abstractmethod
     def _forward(self, batch: dict[str, torch.Tensor], items: Sequence[PreparedImage]) -> EncoderOutput:
         """Run the tower on tensors already collated and moved to the device."""
@@ -192,8 +259,9 @@ class EncoderAdapter(abc.ABC):
     def forward(self, items: Sequence[PreparedImage]) -> EncoderOutput:
         """Encode a batch. Blocking: call it from the worker's thread, never from the event loop."""
         batch = {name: tensor.to(self.device) for name, tensor in self.collate(items).items()}
-        if "pixel_values" in batch:
-            batch["pixel_values"] = batch["pixel_values"].to(self.dtype)
+        for name in self.float_inputs:
+            if name in batch:
+                batch[name] = batch[name].to(self.dtype)
         with torch.inference_mode():
             out = self._forward(batch, items)
         return EncoderOutput(rows=out.rows.float().cpu(), rows_per_item=out.rows_per_item)

@@ -35,6 +35,10 @@ _QWEN2 = ("image_grid_thw", "`t*h*w / merge_size**2`")
 _FIXED = ("-", "patches per side squared")
 _CROP_GRID = ("crop_grid", "`(rows * cols + 1) * image_seq_len` (crops + global view; `image_seq_len` without a grid)")
 _CLS = ("-", "patches per side squared + 1 class token")
+_AUDIO = (
+    "audio_feature_length (audio items)",
+    "per clip of `L` mel frames (100 a second, at most 3000): `((L - 1) // 2 + 1 - 2) // 2 + 1`; audio only",
+)
 
 CATALOG: tuple[FamilyInfo, ...] = (
     FamilyInfo("qwen2_vl", "qwen2_vl:Qwen2VLAdapter", "vision_config", *_QWEN2, tiny="qwen:qwen2_vl"),
@@ -122,6 +126,16 @@ CATALOG: tuple[FamilyInfo, ...] = (
         "num_patches",
         "`num_patches * rows_per_tile` (OpenGVLab layout; tiling from config.json's dynamic_preprocess settings)",
         tiny="internvl:internvl_chat",
+    ),
+    FamilyInfo("qwen2_audio", "qwen2_audio:Qwen2AudioAdapter", "whole", *_AUDIO, tiny="audio:qwen2_audio"),
+    FamilyInfo("qwen2_5_omni", "qwen2_audio:Qwen2_5OmniAudioAdapter", "whole", *_AUDIO, tiny="audio:qwen2_5_omni"),
+    FamilyInfo(
+        "qwen3_omni_moe",
+        "qwen2_audio:Qwen3OmniAudioAdapter",
+        "whole",
+        "audio_feature_length (audio items)",
+        "per clip of `L` mel frames (100 a second, no window): 13 per 100 frames + the rows of the rest; audio only",
+        tiny="audio:qwen3_omni_moe",
     ),
     FamilyInfo("siglip", "fixed:SiglipAdapter", "vision_config", *_FIXED, tiny="towers:siglip"),
     FamilyInfo("siglip_vision_model", "fixed:SiglipAdapter", "whole", *_FIXED),

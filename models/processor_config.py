@@ -66,21 +66,26 @@ def _without_nulls(settings: Mapping[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in settings.items() if value is not None}
 
 
-def read_processor_config(checkpoint: Path) -> ProcessorConfig:
-    """The processor settings of a ``save_pretrained`` directory, whichever layout saved them."""
+def read_processor_config(checkpoint: Path, component: str = "image_processor") -> ProcessorConfig:
+    """The processor settings of a ``save_pretrained`` directory, whichever layout saved them.
+
+    ``component`` is the part a family preprocesses with: ``image_processor``, or an audio model's
+    ``feature_extractor`` (its settings then stand where an image processor's would).
+    """
     files = tuple(checkpoint / name for name in (PREPROCESSOR_FILE, PROCESSOR_FILE) if (checkpoint / name).is_file())
     processor: dict[str, Any] = {}
     nested: Any = None
     if (checkpoint / PROCESSOR_FILE).is_file():
         processor = read_json_object(checkpoint / PROCESSOR_FILE)
-        nested = processor.pop("image_processor", None)
+        nested = processor.pop(component, None)
     if isinstance(nested, dict):
         image_processor = nested
     elif (checkpoint / PREPROCESSOR_FILE).is_file():
         image_processor = read_json_object(checkpoint / PREPROCESSOR_FILE)
     else:
+        what = component.replace("_", " ")
         raise CheckpointError(
-            f"{checkpoint} has no image processor settings: neither {PREPROCESSOR_FILE} nor an "
-            f'"image_processor" entry in {PROCESSOR_FILE}; the image processor is required'
+            f"{checkpoint} has no {what} settings: neither {PREPROCESSOR_FILE} nor an "
+            f'"{component}" entry in {PROCESSOR_FILE}; the {what} is required'
         )
     return ProcessorConfig(_without_nulls(image_processor), _without_nulls(processor), files)

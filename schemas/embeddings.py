@@ -10,7 +10,8 @@ ImageInput = Annotated[
     str,
     Field(
         min_length=1,
-        description="An image (or, with `modality` video or a `data:video/` URI, a video) URL or data URI.",
+        description="An image (or, with `modality` video or a `data:video/` URI, a video; with `modality` audio or "
+        "a `data:audio/` URI, an audio clip) URL or data URI.",
     ),
 ]
 
@@ -25,9 +26,10 @@ class EmbeddingsRequest(BaseModel):
         default="float", description="`base64`: little-endian float32 bytes. The openai client asks for it."
     )
     dimensions: int | None = Field(default=None, description="Only the model's own width is supported.")
-    modality: Literal["image", "video"] | None = Field(
+    modality: Literal["image", "video", "audio"] | None = Field(
         default=None,
-        description="`video`: every input is a video. Unset or `image`: images, except `data:video/...` URIs. "
+        description="`video` (`audio`): every input is a video (an audio clip). Unset or `image`: images, except "
+        "`data:video/...` and `data:audio/...` URIs. "
         "Infinity's clients send `image`.",
     )
     user: str | None = None

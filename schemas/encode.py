@@ -42,6 +42,9 @@ _CONTRADICTIONS: list[Any] = [
         (("image", _STRING), ("hash", _STRING)),
         (("video", _VIDEO), ("hash", _STRING)),
         (("image", _STRING), ("video", _VIDEO)),
+        (("audio", _STRING), ("hash", _STRING)),
+        (("audio", _STRING), ("image", _STRING)),
+        (("audio", _STRING), ("video", _VIDEO)),
     )
 ] + [
     {"allOf": [_has("fps", _NUMBER), _has("num_frames", _INTEGER)]},
@@ -50,6 +53,9 @@ _CONTRADICTIONS: list[Any] = [
     {"allOf": [_has("video", _FRAMES), {"not": _has("fps", _NUMBER)}]},
     {"allOf": [_has("image", _STRING), _has("modality", {"const": "video"})]},
     {"allOf": [_has("video", _VIDEO), _has("modality", {"const": "image"})]},
+    {"allOf": [_has("image", _STRING), _has("modality", {"const": "audio"})]},
+    {"allOf": [_has("video", _VIDEO), _has("modality", {"const": "audio"})]},
+    {"allOf": [_has("audio", _STRING), _has("modality", {"enum": ["image", "video"]})]},
 ]
 
 
@@ -64,6 +70,7 @@ class EncodeItem(BaseModel):
                 for name, kind in (
                     ("image", _STRING),
                     ("video", _VIDEO),
+                    ("audio", _STRING),
                     ("hash", _STRING),
                     ("precomputed_embedding", {"type": "object"}),
                 )
@@ -87,6 +94,14 @@ class EncodeItem(BaseModel):
         "Qwen2.5-VL, Qwen3-VL, Qwen3.5).",
         min_length=1,
     )
+    audio: str | FilePart | None = Field(
+        default=None,
+        description="An audio file (wav, flac, mp3, ogg): a data URI, bare base64 of the file, or an http(s) URL. "
+        "In a multipart request: omitted, and the file sent as the part `items[<index>].audio`. Mono or stereo "
+        "(averaged), resampled to the feature extractor's rate. Audio models only (Qwen2-Audio, Qwen2.5-Omni, "
+        "Qwen3-Omni).",
+        min_length=1,
+    )
     fps: float | None = Field(
         default=None,
         gt=0,
@@ -99,10 +114,11 @@ class EncodeItem(BaseModel):
         default=None,
         description="Video file only: sample this many frames, evenly spread (instead of `fps`).",
     )
-    modality: Literal["image", "video"] | None = Field(
+    modality: Literal["image", "video", "audio"] | None = Field(
         default=None,
-        description="What the item is; needed only beside a `precomputed_embedding` of a video, to check its "
-        "metadata (`video_grid_thw`). Items with `image` or `video` say it by that field.",
+        description="What the item is; needed only beside a `precomputed_embedding` of a video or audio clip, to "
+        "check its metadata (`video_grid_thw`, `audio_feature_length`). Items with `image`, `video` or `audio` say "
+        "it by that field.",
     )
     precomputed_embedding: PrecomputedEmbedding | None = None
     metadata: dict[str, Any] = Field(
@@ -118,11 +134,12 @@ class EncodeItem(BaseModel):
 
     @model_validator(mode="after")
     def _has_a_source(self) -> EncodeItem:
-        if self.image is None and self.video is None and self.precomputed_embedding is None and self.hash is None:
-            raise ValueError("an item needs `image`, `video`, `hash` or `precomputed_embedding`")
-        if self.image is not None and self.video is not None:
-            raise ValueError("an item is one `image` or one `video`, not both: send them as two items")
-        media = "image" if self.image is not None else "video" if self.video is not None else None
+        given = [name for name in ("image", "video", "audio") if getattr(self, name) is not None]
+        if not given and self.precomputed_embedding is None and self.hash is None:
+            raise ValueError("an item needs `image`, `video`, `audio`, `hash` or `precomputed_embedding`")
+        if len(given) > 1:
+            raise ValueError(f"an item is one `{given[0]}` or one `{given[1]}`, not both: send them as two items")
+        media = given[0] if given else None
         if media is not None and self.hash is not None:
             # Silently preferring one would hide a client bug (a stale hash, or a file sent in vain).
             raise ValueError(

@@ -29,7 +29,7 @@ class SGLangMediaItem(BaseModel):
     content_hash: str | None = Field(
         default=None,
         pattern=r"^sha256:[0-9a-fA-F]{64}$",
-        description="`sha256:<hex>` of the image or video file's bytes; verified before encoding.",
+        description="`sha256:<hex>` of the image, video or audio file's bytes; verified before encoding.",
     )
 
 
@@ -37,7 +37,10 @@ class SGLangEncodeRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     req_id: str = Field(min_length=1, description="The part id `<rid>_local_part_<i>`; echoed in every message.")
-    modality: str = Field(description="`IMAGE` or `VIDEO` (models that take videos); `AUDIO` is refused.")
+    modality: str = Field(
+        description="`IMAGE`, `VIDEO` (models that take videos) or `AUDIO` (audio models: Qwen2-Audio, "
+        "Qwen2.5-Omni, Qwen3-Omni)."
+    )
     mm_items: list[str | SGLangMediaItem] = Field(min_length=1)
     num_parts: int = Field(ge=1)
     part_idx: int = Field(ge=0)
@@ -48,8 +51,8 @@ class SGLangEncodeRequest(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> SGLangEncodeRequest:
-        if self.modality.upper() not in ("IMAGE", "VIDEO"):
-            raise ValueError(f"unsupported modality {self.modality!r}: mmencode encodes IMAGE and VIDEO")
+        if self.modality.upper() not in ("IMAGE", "VIDEO", "AUDIO"):
+            raise ValueError(f"unsupported modality {self.modality!r}: mmencode encodes IMAGE, VIDEO and AUDIO")
         if self.part_idx >= self.num_parts:
             raise ValueError(f"part_idx must be in [0, {self.num_parts})")
         if self.embedding_port is not None and not self.prefill_host:

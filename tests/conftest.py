@@ -28,9 +28,9 @@ PEERS_MODULE = "tests.peers.run"
 # End-to-end files whose tests start processes (mmencode serve, redis, haproxy, the peers' decoders) and
 # take more than ~2 s each here: all slow, so `-m "e2e and not slow"` is a quick end-to-end pass.
 SLOW_E2E_FILES = {
-    "test_bad_model.py", "test_bench_gpu.py", "test_cli.py", "test_cli_settings.py", "test_haproxy_local.py",
-    "test_load_balancer.py", "test_make_tiny.py", "test_quiet_probes.py", "test_sglang.py", "test_shared_cache.py",
-    "test_soak_short.py", "test_tls.py", "test_vllm.py",
+    "test_audio_peers.py", "test_bad_model.py", "test_bench_gpu.py", "test_cli.py", "test_cli_settings.py",
+    "test_haproxy_local.py", "test_load_balancer.py", "test_make_tiny.py", "test_quiet_probes.py", "test_sglang.py",
+    "test_shared_cache.py", "test_soak_short.py", "test_tls.py", "test_vllm.py",
 }  # fmt: skip
 
 

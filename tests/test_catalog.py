@@ -12,7 +12,7 @@ from mmencode.models import EncoderAdapter
 from mmencode.models.catalog import CATALOG, TINY_FAMILIES
 from mmencode.models.registry import supported_model_types
 from mmencode.models.tiny import FAMILIES
-from tests.families import COVERED_BY_EQUIVALENCE, family_params
+from tests.families import COVERED_BY_AUDIO_TESTS, COVERED_BY_EQUIVALENCE, family_params
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -33,10 +33,13 @@ def test_every_catalog_entry_names_an_adapter_and_a_way_to_build_it_tiny() -> No
 
 def test_the_family_tests_cover_every_family_the_catalog_builds() -> None:
     specs = {param if isinstance(param, str) else param.values[0] for param in family_params()}
-    assert specs | set(COVERED_BY_EQUIVALENCE) == set(TINY_FAMILIES)
+    assert specs | set(COVERED_BY_EQUIVALENCE) | set(COVERED_BY_AUDIO_TESTS) == set(TINY_FAMILIES)
     equivalence = (Path(__file__).parent / "test_equivalence.py").read_text()
     for family in COVERED_BY_EQUIVALENCE:
         assert f'"{family}"' in equivalence, family
+    audio = (Path(__file__).parent / "test_audio.py").read_text()
+    for family in COVERED_BY_AUDIO_TESTS:
+        assert f'"{family}"' in audio, family
 
 
 def test_readme_table_has_a_row_for_every_model_type() -> None:

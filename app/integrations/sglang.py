@@ -34,6 +34,7 @@ from typing import Any
 import torch
 import zmq
 
+from mmencode.app.audios import AUDIO
 from mmencode.app.errors import (
     ErrorLocator,
     InternalError,
@@ -61,15 +62,18 @@ __all__ = [
 ]
 
 # SGLang's names: the request's `mm_items[i]`, whose image or video is its `url` and whose hash its `content_hash`.
-SGLANG_LOCATOR = ErrorLocator("mm_items", "mm_items[{index}]", {"image": "url", "video": "url", "hash": "content_hash"})
+SGLANG_LOCATOR = ErrorLocator(
+    "mm_items", "mm_items[{index}]", {"image": "url", "video": "url", "audio": "url", "hash": "content_hash"}
+)
 
 logger = logging.getLogger("mmencode.sglang")
 
 EMBEDDING_DATA_CLASS = ("sglang.srt.disaggregation.encoder.receiver", "EmbeddingData")
 MODALITY_CLASS = ("sglang.srt.multimodal.modality", "Modality")
 # sglang.srt.multimodal.modality.Modality's values, and the item metadata SGLang's receiver takes as the
-# part's grid (``grid_dim``) for each.
-_MODALITIES = {"IMAGE": (1, "image_grid_thw"), "VIDEO": (2, "video_grid_thw")}
+# part's grid (``grid_dim``) for each: the grids of images and clips; for audio, each clip's mel frame
+# count (SGLang's ``audio_feature_lens_raw``, a LongTensor its receiver flattens into ``audio_feature_lens``).
+_MODALITIES = {"IMAGE": (1, "image_grid_thw"), "VIDEO": (2, "video_grid_thw"), "AUDIO": (3, "audio_feature_length")}
 # Per-item video metadata SGLang's encoder sends beside a VIDEO part (receiver.py's
 # _GENERAL_VIDEO_META_ATTRS), one entry per clip; its receiver chains each part's list into the model's
 # inputs. mmencode's metadata name -> SGLang's attribute: Qwen2.5-VL's seconds per temporal patch, and
@@ -126,7 +130,7 @@ def _pickle(obj: object) -> bytes:
 def _embedding_data(
     request: SGLangEncodeRequest,
     *,
-    grid_dim: list[list[int]] | None = None,
+    grid_dim: list[list[int]] | torch.Tensor | None = None,
     dtype: torch.dtype | None = None,
     shape: list[int] | None = None,
     error_msg: str | None = None,
@@ -155,7 +159,7 @@ def _embedding_data(
 def embedding_frames(
     request: SGLangEncodeRequest,
     rows: torch.Tensor,
-    grid_dim: list[list[int]] | None,
+    grid_dim: list[list[int]] | torch.Tensor | None,
     video_meta: dict[str, list[Any]] | None = None,
 ) -> list[bytes | memoryview]:
     """The two frames of a successful part: pickled metadata, then the rows' native bytes."""
@@ -170,6 +174,13 @@ def error_frames(request: SGLangEncodeRequest, error: ServiceError) -> list[byte
     """The single frame of a failed part: ``error_code`` is the HTTP status mmencode answers with."""
     message = f"{error.code}: {SGLANG_LOCATOR.message(error)}"
     return [_pickle(_embedding_data(request, error_msg=message, error_code=error.status))]
+
+
+def _item_of(kind: str, source: str | bytes) -> ItemInput:
+    """An item of the part's modality (``image``, ``video`` or ``audio``)."""
+    if kind == "video":
+        return ItemInput(video=source)
+    return ItemInput(audio=source) if kind == "audio" else ItemInput(image=source)
 
 
 # ----- where to push -----
@@ -276,6 +287,7 @@ class SGLangEncoderBridge:
         *,
         max_image_bytes: int,
         max_video_bytes: int,
+        max_audio_bytes: int,
         dtype: str,
         push_timeout_s: float,
         metrics: Metrics,
@@ -284,6 +296,7 @@ class SGLangEncoderBridge:
         self._fetcher = fetcher
         self._max_image_bytes = max_image_bytes
         self._max_video_bytes = max_video_bytes
+        self._max_audio_bytes = max_audio_bytes
         self._dtype = TORCH_DTYPES[dtype]
         self._timeout_s = push_timeout_s
         self._metrics = metrics
@@ -308,8 +321,11 @@ class SGLangEncoderBridge:
             raise internal from exc
         rows = torch.cat([r.rows for r in results]).to(self._dtype)
         grid_field = _MODALITIES[request.modality.upper()][1]
-        grids = [r.metadata.get(grid_field) for r in results]
-        grid_dim = [list(g) for g in grids if g is not None] if None not in grids else None
+        grids: list[Any] = [r.metadata.get(grid_field) for r in results]
+        grid_dim: list[list[int]] | torch.Tensor | None = None
+        if None not in grids:
+            audio = request.modality.upper() == "AUDIO"
+            grid_dim = torch.tensor(grids, dtype=torch.long) if audio else [list(g) for g in grids]
         video_meta = {
             attribute: [r.metadata[name] for r in results]
             for name, attribute in _VIDEO_META.items()
@@ -332,25 +348,25 @@ class SGLangEncoderBridge:
         return results
 
     async def _encode_items(self, request: SGLangEncodeRequest) -> list[ItemResult]:
-        video = request.modality.upper() == "VIDEO"
-        items = [await self._item(index, item, video) for index, item in enumerate(request.items_as_dicts())]
+        kind = request.modality.lower()
+        items = [await self._item(index, item, kind) for index, item in enumerate(request.items_as_dicts())]
         return await self._encode(items)
 
-    async def _item(self, index: int, item: dict[str, Any], video: bool) -> ItemInput:
+    async def _item(self, index: int, item: dict[str, Any], kind: str) -> ItemInput:
         expected = item.get("content_hash")
         if expected is None:
-            return ItemInput(video=item["url"]) if video else ItemInput(image=item["url"])
+            return _item_of(kind, item["url"])
         # The hash names the file's bytes: fetch or decode them here to check it.
         url = item["url"]
         try:
-            if video:
-                data = await self._video_bytes(url)
+            if kind != "image":
+                data = await self._media_bytes(url, kind)
             elif is_url(url):
                 data = await self._fetcher.fetch(url)
             else:
                 data = decode_inline_image(url, max_bytes=self._max_image_bytes)
         except ServiceError as error:
-            raise error.at_item(index, ("video" if video else "image",)) from None
+            raise error.at_item(index, (kind,)) from None
         actual = "sha256:" + hashlib.sha256(data).hexdigest()
         if actual != expected.lower():
             raise InvalidImage(
@@ -358,12 +374,13 @@ class SGLangEncoderBridge:
                 location=ItemLocation(index, ("hash",)),
                 details={"expected": expected, "actual": actual},
             )
-        return ItemInput(video=data) if video else ItemInput(image=data)
+        return _item_of(kind, data)
 
-    async def _video_bytes(self, url: str) -> bytes:
+    async def _media_bytes(self, url: str, kind: str) -> bytes:
+        media, max_bytes = (VIDEO, self._max_video_bytes) if kind == "video" else (AUDIO, self._max_audio_bytes)
         if is_url(url):
-            return await self._fetcher.fetch(url, kind=VIDEO, max_bytes=self._max_video_bytes)
-        return decode_base64_file(url, max_bytes=self._max_video_bytes, kind=VIDEO)
+            return await self._fetcher.fetch(url, kind=media, max_bytes=max_bytes)
+        return decode_base64_file(url, max_bytes=max_bytes, kind=media)
 
     async def _destinations(self, request: SGLangEncodeRequest) -> tuple[list[str], int | None]:
         """The endpoints to push to, and how many there should be (fewer: registrations timed out)."""

@@ -66,7 +66,9 @@ class EmbeddingsService:
 
 
 def _item(source: str, modality: str | None) -> ItemInput:
-    """An input as an item: a video when the request says so or its data URI is one, else an image."""
+    """An input as an item: a video or audio clip when the request says so or its data URI is one, else an image."""
     if modality == "video" or source[:11].lower() == "data:video/":
         return ItemInput(video=source)
+    if modality == "audio" or source[:11].lower() == "data:audio/":
+        return ItemInput(audio=source)
     return ItemInput(image=source)

@@ -2,8 +2,9 @@
 
 Multipart comes in two forms. ``image`` file parts plus optional text fields (``model``,
 ``encoding_format``, ...): one item per file. Or a ``request`` part holding the JSON body, whose items
-may take their image, video or precomputed embedding from file parts named ``items[<index>].image``,
-``items[<index>].video`` and ``items[<index>].precomputed_embedding`` (raw little-endian bytes; dtype
+may take their image, video, audio or precomputed embedding from file parts named
+``items[<index>].image``, ``items[<index>].video``, ``items[<index>].audio`` and
+``items[<index>].precomputed_embedding`` (raw little-endian bytes; dtype
 and shape in the JSON): the part's bytes go where the JSON would carry text, and the request is
 validated as a JSON one.
 """
@@ -28,7 +29,7 @@ from mmencode.schemas.encode import EncodeOptions, EncodeRequest
 __all__ = ["MULTIPART_FIELDS", "parse_json", "read_multipart"]
 
 MULTIPART_FIELDS = {"model", "precomputed", "encoding_format", "dtype", "pooling"}
-_ITEM_PART = re.compile(r"items\[(0|[1-9][0-9]{0,8})\]\.(image|video|precomputed_embedding)")
+_ITEM_PART = re.compile(r"items\[(0|[1-9][0-9]{0,8})\]\.(image|video|audio|precomputed_embedding)")
 _TWICE = "given both in `request` and as a file part"
 
 
@@ -60,6 +61,7 @@ def _items(body: EncodeRequest) -> list[ItemInput]:
             metadata=i.metadata,
             hash=i.hash,
             video=i.video,
+            audio=i.audio,
             modality=i.modality,
             # A frame list is taken whole; its fps is the rate the frames were sampled at.
             sampling=VideoSampling()
@@ -161,7 +163,7 @@ async def _request_with_parts(form: FormData) -> dict[str, Any]:
             continue
         item = items[index]
         data = await value.read()
-        if field in ("image", "video"):
+        if field in ("image", "video", "audio"):
             if item.get(field) is not None:
                 problems.append({"loc": where, "msg": _TWICE, "type": "multipart"})
             item[field] = data

@@ -73,6 +73,8 @@ class TinyProcessor:
     default_layout: ProcessorLayout = "legacy"
     # The class name the hub repos write (e.g. a torchvision "...Fast" class); None keeps transformers'.
     image_processor_type: str | None = None
+    # Its key inside a nested processor_config.json: an audio model's is its "feature_extractor".
+    component: str = "image_processor"
 
     def save(self, directory: Path, layout: ProcessorLayout) -> None:
         whole = {**self.settings, "processor_class": self.processor_class}
@@ -80,7 +82,7 @@ class TinyProcessor:
         if self.image_processor_type is not None:
             image_processor["image_processor_type"] = self.image_processor_type
         if layout == "nested":
-            whole = {"image_processor": image_processor, **whole}
+            whole = {self.component: image_processor, **whole}
         else:
             if self.image_processor_type is None:
                 self.image_processor.save_pretrained(directory)

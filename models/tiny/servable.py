@@ -102,7 +102,15 @@ _QWEN_TOKENS = {
 _QWEN_IDS = {"image_token_id": 10, "video_token_id": 11, "vision_start_token_id": 12, "vision_end_token_id": 13}
 _QWEN_ATTRIBUTES = {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>"}
 
+# Qwen2-Audio's: vLLM writes "Audio 1: <|audio_bos|><|AUDIO|><|audio_eos|>" before a message's text.
+_QWEN2_AUDIO_TOKENS = {**_CHATML_TOKENS, 3: "<|AUDIO|>", 4: "<|audio_bos|>", 5: "<|audio_eos|>"}
+
 SERVABLE: dict[str, ServableSpec] = {
+    "qwen2_audio": ServableSpec(
+        _QWEN2_AUDIO_TOKENS,
+        {"audio_token_index": 3},
+        {"audio_token": "<|AUDIO|>", "audio_bos_token": "<|audio_bos|>", "audio_eos_token": "<|audio_eos|>"},
+    ),
     "qwen2_vl": ServableSpec(_QWEN_TOKENS, _QWEN_IDS, _QWEN_ATTRIBUTES, video_processor="Qwen2VLVideoProcessor"),
     "qwen2_5_vl": ServableSpec(_QWEN_TOKENS, _QWEN_IDS, _QWEN_ATTRIBUTES, video_processor="Qwen2VLVideoProcessor"),
     "qwen3_vl": ServableSpec(_QWEN_TOKENS, _QWEN_IDS, _QWEN_ATTRIBUTES, video_processor="Qwen3VLVideoProcessor"),

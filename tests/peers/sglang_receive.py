@@ -89,7 +89,10 @@ def main() -> None:
             # receiver.py: _extract_embedding_from_buffer
             buffer = parts[1].buffer if hasattr(parts[1], "buffer") else parts[1]
             decoded["embedding"] = torch.frombuffer(buffer, dtype=obj.dtype).reshape(obj.shape).clone()
-            decoded["grid"] = receiver._cat_grid([obj.get_grid()])
+            # An AUDIO part's grid is flattened by the receiver (_MODALITY_GRID_ATTRS): it calls .flatten() on it.
+            audio = obj.modality.name == "AUDIO"
+            decoded["grid"] = receiver._cat_grid([obj.get_grid()], flatten_items=audio)
+            decoded["grid_is_tensor"] = isinstance(obj.get_grid(), torch.Tensor)
         messages.append(decoded)
     sock.close(linger=0)
     context.term()

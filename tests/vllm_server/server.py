@@ -73,6 +73,7 @@ def vllm_server(
     images_per_prompt: int = 1,
     prefix_caching: bool = False,
     videos_per_prompt: int = 0,
+    audios_per_prompt: int = 0,
 ) -> Iterator[VllmServer]:
     """``vllm serve model`` on 127.0.0.1; ``use_fast=False``: the PIL image processor, None: vLLM's default.
 
@@ -82,6 +83,9 @@ def vllm_server(
     """
     executable = vllm_executable()
     port = free_port()
+    limits = {"image": images_per_prompt, "video": videos_per_prompt}
+    if audios_per_prompt:
+        limits["audio"] = audios_per_prompt
     command = [
         str(executable), "serve", str(model),
         "--host", "127.0.0.1", "--port", str(port),
@@ -89,7 +93,7 @@ def vllm_server(
         "--dtype", dtype,
         "--max-model-len", "2048",
         "--max-num-seqs", "4",
-        "--limit-mm-per-prompt", json.dumps({"image": images_per_prompt, "video": videos_per_prompt}),
+        "--limit-mm-per-prompt", json.dumps(limits),
         "--enable-mm-embeds",
         "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching",
         "--seed", "0",
