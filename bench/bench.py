@@ -46,14 +46,15 @@ from bench.server_times import ServerTimes
 from mmencode.app.images import decode_image
 from mmencode.app.runtime import resolve_device
 from mmencode.models import EncoderAdapter, load_encoder
+from mmencode.models.processor_backend import BackendChoice
 from tests.support import data_uri
 
 _SERVICE_OPTIONS = ("--cache-bytes", "0", "--max-queue", "100000", "--request-timeout", "600", "--log-level", "warning")
 
 
-def warm_adapter(checkpoint: Path, image: bytes, dtype: torch.dtype) -> EncoderAdapter:
+def warm_adapter(checkpoint: Path, image: bytes, dtype: torch.dtype, backend: BackendChoice = "auto") -> EncoderAdapter:
     """The checkpoint's encoder in this process, after one forward (which pays for first-call set-up)."""
-    adapter = load_encoder(checkpoint, device=resolve_device(None), dtype=dtype)
+    adapter = load_encoder(checkpoint, device=resolve_device(None), dtype=dtype, image_processor_backend=backend)
     adapter.forward([adapter.preprocess(decode_image(image, max_pixels=10**9))])
     return adapter
 
@@ -69,9 +70,11 @@ def warm_service(
         yield url, process
 
 
-def bare_pipeline(checkpoint: Path, images: list[bytes], batch_sizes: list[int], dtype: torch.dtype) -> dict[str, Any]:
+def bare_pipeline(
+    checkpoint: Path, images: list[bytes], batch_sizes: list[int], dtype: torch.dtype, backend: BackendChoice = "auto"
+) -> dict[str, Any]:
     """Decode, preprocess and encode in this process, one batch after another: the service's ceiling."""
-    adapter = warm_adapter(checkpoint, images[0], dtype)
+    adapter = warm_adapter(checkpoint, images[0], dtype, backend)
     per_batch: dict[int, float] = {}
     for size in batch_sizes:
         count = max(size, len(images) // size * size)
@@ -96,6 +99,7 @@ def paired_rounds(
     batch: int,
     rounds: int,
     loadgen_nice: int = 0,
+    backend: BackendChoice = "auto",
 ) -> dict[str, Any]:
     """Bare pipeline and service taken in turns, round after round, over the same images.
 
@@ -103,12 +107,12 @@ def paired_rounds(
     machines; in turns, both see the same drift. The server idles while the bare pipeline runs, and
     the other way round. The ratio is of the totals over every round.
     """
-    adapter = warm_adapter(checkpoint, images[0], torch.float32)
+    adapter = warm_adapter(checkpoint, images[0], torch.float32, backend)
     bodies = [{"items": [{"image": uri}]} for uri in uris]
     bare_images, bare_seconds, bare_forward_seconds, served, served_seconds = 0, 0.0, 0.0, 0, 0.0
     encoder_seconds = 0.0
     per_round = []
-    with warm_service(checkpoint, bodies, concurrency) as (url, _):
+    with warm_service(checkpoint, bodies, concurrency, "--image-processor-backend", backend) as (url, _):
         for _ in range(rounds):
             count = max(batch, len(images) // 2 // batch * batch)
             started = time.perf_counter()
@@ -213,8 +217,15 @@ def main() -> None:
         default=0,
         help="paired phase: run the load generator at this niceness (a diagnostic: it shares the cores)",
     )
+    parser.add_argument(
+        "--image-processor-backend",
+        default="auto",
+        choices=["auto", "pil", "torchvision"],
+        help="the bare pipeline's and the service's (auto: torchvision where it imports, as the service's default)",
+    )
     parser.add_argument("--out", type=Path, help="also write the results as JSON here")
     args = parser.parse_args()
+    backend = args.image_processor_backend
 
     checkpoint = build_checkpoint(args.checkpoint, args.root) if "/" not in args.checkpoint else Path(args.checkpoint)
     width, height = (int(v) for v in args.image_size.split("x"))
@@ -228,14 +239,15 @@ def main() -> None:
         "image_size": args.image_size,
         "image_format": args.image_format,
         "torch_threads": torch.get_num_threads(),
+        "image_processor_backend": backend,
     }
     if "bare" in phases:
         sizes = [int(v) for v in args.batch_sizes.split(",")]
         bare_images = images[: max(max(sizes) * 2, args.bare_images)]
-        results["bare"] = bare_pipeline(checkpoint, bare_images, sizes, torch.float32)
+        results["bare"] = bare_pipeline(checkpoint, bare_images, sizes, torch.float32, backend)
         print("bare", json.dumps(results["bare"]), flush=True)
     if "service" in phases:
-        results["service"] = service_load(checkpoint, uris, args.concurrency)
+        results["service"] = service_load(checkpoint, uris, args.concurrency, "--image-processor-backend", backend)
         print("service", json.dumps(results["service"]), flush=True)
     if "overlap" in phases:
         # Preprocessing and the forward on the same cores at once: what the service did before the gate.
@@ -250,7 +262,7 @@ def main() -> None:
     if "paired" in phases:
         batch = results["bare"]["best_batch"] if "bare" in results else args.paired_batch
         results["paired"] = paired_rounds(
-            checkpoint, images, uris, args.concurrency, batch, args.rounds, args.loadgen_nice
+            checkpoint, images, uris, args.concurrency, batch, args.rounds, args.loadgen_nice, backend
         )
         print("paired", json.dumps(results["paired"]), flush=True)
     if "bare" in results and "service" in results:

@@ -1,11 +1,17 @@
 """mmencode's ``/v1/embeddings`` side by side with Infinity on the same tiny CLIP checkpoint.
 
-    python -m bench.compare_infinity --requests 400 --concurrency 32
+    python -m bench.compare_infinity --requests 800 --concurrency 16 --image-size 640x480
 
-Same checkpoint directory, same JPEG data URIs, same concurrency, one server at a time on loopback
-(never both at once: they would share the two cores). Infinity runs from its own venv, installed by
-``bench/infinity/setup.sh`` when missing. The vectors differ by design (Infinity: CLIP's projected
-image embedding; mmencode: the mean of the tower's rows); this compares speed.
+Same checkpoint directory, same JPEG data URIs, same concurrency. Infinity and one mmencode per image
+processor backend (``--backends``, default ``torchvision,pil``) are all started, then driven one at a
+time (never two at once: they would share the two cores; an idle one costs next to nothing) in
+``--rounds`` rounds, each server taking the whole set of requests once per round, the order rotated
+every round. A shared VM's speed drifts by ±20 % from one minute to the next: interleaving puts every
+server through the same drift, so the ratios hold where back-to-back runs would not. Each server's
+figures are over all its rounds (images over seconds, percentiles over every request); the ratios of
+each round are printed too. Infinity runs from its own venv, installed by ``bench/infinity/setup.sh``
+when missing. The vectors differ by design (Infinity: CLIP's projected image embedding; mmencode: the
+mean of the tower's rows); this compares speed.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.common import drive, jpeg_images, service
+from bench.common import LoadResult, drive, jpeg_images, service
 from tests.support import data_uri, free_port, wait_ready
 
 HERE = Path(__file__).resolve().parent / "infinity"
@@ -53,9 +59,8 @@ def infinity(model: Path, venv: Path) -> Iterator[str]:
         process.wait(timeout=60)
 
 
-def run(url: str, path: str, bodies: list[dict[str, Any]], concurrency: int) -> dict[str, Any]:
-    asyncio.run(drive(url, path, bodies[:8], 4))  # warm-up
-    return asyncio.run(drive(url, path, bodies, concurrency)).summary()
+def warm(url: str, path: str, bodies: list[dict[str, Any]], concurrency: int) -> None:
+    asyncio.run(drive(url, path, bodies[: 2 * concurrency], concurrency))
 
 
 def main() -> None:
@@ -65,6 +70,8 @@ def main() -> None:
     parser.add_argument("--image-size", default="320x240")
     parser.add_argument("--root", type=Path, default=Path(".cache/bench"))
     parser.add_argument("--venv", type=Path, default=Path("/tmp/infinity-venv"))
+    parser.add_argument("--rounds", type=int, default=2, help="each server takes every request once per round")
+    parser.add_argument("--backends", default="torchvision,pil", help="mmencode --image-processor-backend values")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
@@ -79,23 +86,60 @@ def main() -> None:
         "image_size": args.image_size,
     }
 
-    with infinity(model, args.venv) as url:
-        bodies = [{"model": NAME, "modality": "image", "input": [uri]} for uri in uris]
-        results["infinity"] = run(url, "/embeddings", bodies, args.concurrency)
-    print("infinity", json.dumps(results["infinity"]), flush=True)
-
+    mmencode_bodies = [{"model": NAME, "input": [uri]} for uri in uris]
+    servers: dict[str, tuple[str, str, list[dict[str, Any]]]] = {}  # name: (url, path, bodies)
     options = ("--served-model-name", NAME, "--cache-bytes", "0", "--max-queue", "100000", "--log-level", "warning")
-    with service(model, *options) as url:
-        bodies = [{"model": NAME, "input": [uri]} for uri in uris]
-        results["mmencode"] = run(url, "/v1/embeddings", bodies, args.concurrency)
-    print("mmencode", json.dumps(results["mmencode"]), flush=True)
+    with contextlib.ExitStack() as stack:
+        url = stack.enter_context(infinity(model, args.venv))
+        servers["infinity"] = (url, "/embeddings", [{"model": NAME, "modality": "image", "input": [u]} for u in uris])
+        for backend in args.backends.split(","):
+            url = stack.enter_context(service(model, *options, "--image-processor-backend", backend))
+            servers[f"mmencode-{backend}"] = (url, "/v1/embeddings", mmencode_bodies)
+        for url, path, bodies in servers.values():
+            warm(url, path, bodies, args.concurrency)
+        runs: dict[str, list[LoadResult]] = {name: [] for name in servers}
+        names = list(servers)
+        for round_index in range(args.rounds):
+            shift = round_index % len(names)
+            for name in names[shift:] + names[:shift]:
+                url, path, bodies = servers[name]
+                runs[name].append(asyncio.run(drive(url, path, bodies, args.concurrency)))
+            rates = {name: runs[name][-1].images_per_s for name in names}
+            print(f"round {round_index + 1}:", {name: round(rate, 1) for name, rate in rates.items()}, flush=True)
 
-    ours, theirs = results["mmencode"], results["infinity"]
-    results["throughput_ratio"] = round(ours["images_per_s"] / theirs["images_per_s"], 2)
-    results["p99_ratio"] = round(ours["p99_ms"] / theirs["p99_ms"], 2)
-    print("mmencode/infinity images/s", results["throughput_ratio"], "p99 ratio", results["p99_ratio"])
+    for name, results_of in runs.items():
+        results[name] = merged(results_of).summary()
+        results[name]["rounds_images_per_s"] = [round(r.images_per_s, 2) for r in results_of]
+    theirs = results["infinity"]
+    for name in names[1:]:
+        ours = results[name]
+        ours["throughput_ratio"] = round(ours["images_per_s"] / theirs["images_per_s"], 2)
+        ours["p99_ratio"] = round(ours["p99_ms"] / theirs["p99_ms"], 2)
+        ours["rounds_throughput_ratio"] = [
+            round(a / b, 2) for a, b in zip(ours["rounds_images_per_s"], theirs["rounds_images_per_s"], strict=True)
+        ]
+    for name in names:
+        print(name, json.dumps(results[name]), flush=True)
+    for name in names[1:]:
+        ours = results[name]
+        print(f"{name}/infinity images/s", ours["throughput_ratio"], "p99 ratio", ours["p99_ratio"],
+              "per round", ours["rounds_throughput_ratio"])  # fmt: skip
     if args.out:
         args.out.write_text(json.dumps(results, indent=2))
+
+
+def merged(results: list[LoadResult]) -> LoadResult:
+    """Several runs of one server as one: images over seconds, every request's latency."""
+    statuses: dict[int, int] = {}
+    for result in results:
+        for status, count in result.statuses.items():
+            statuses[status] = statuses.get(status, 0) + count
+    return LoadResult(
+        sum(r.images for r in results),
+        sum(r.seconds for r in results),
+        [latency for r in results for latency in r.latencies],
+        statuses,
+    )
 
 
 if __name__ == "__main__":

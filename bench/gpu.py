@@ -6,7 +6,10 @@
 Towers (bench/towers.py, random weights from the released configs, nothing downloaded): Qwen2.5-VL-7B's
 vision tower, SigLIP-so400m, InternViT-300M with InternVL3-8B's projector. For each, in this order:
 
-- **preprocessing**: decode + the checkpoint's image processor on one thread, per 1080p JPEG, in this process.
+- **preprocessing**: decode + the checkpoint's image processor on one thread, per 1080p JPEG, in this process,
+  on each image processor backend: PIL and torchvision on the CPU (the service's preprocessing threads, one
+  core each), and torchvision on the device (transformers' ``device=``: the pixels go up as uint8 and are
+  resized and normalised there), with the largest difference of its pixel values from the CPU's.
 - **bare**: ``adapter.forward`` on preprocessed images (host-to-device, the tower, rows back to the host),
   bf16 on CUDA / fp32 on CPU, at each of the tower's batch sizes for ``--bare-seconds``; the best one counts.
 - **transport**: one image's response as the service builds it (``embedding_payload`` + JSON) and as a
@@ -49,6 +52,7 @@ from bench.towers import TOWERS, build_tower
 from mmencode.app.images import decode_image
 from mmencode.app.responses import dumps_json
 from mmencode.app.runtime import resolve_device
+from mmencode.app.torch_threads import SerialTorchThreadPool
 from mmencode.app.wire.encodings import embedding_payload
 from mmencode.models import load_encoder
 from mmencode.models.base import EncoderAdapter, PreparedImage
@@ -99,6 +103,7 @@ def measure_preprocessing(adapter: EncoderAdapter, jpegs: Sequence[bytes]) -> di
         image = decode_image(jpeg, max_pixels=_MAX_PIXELS)
         decoded = time.perf_counter()
         prepared = adapter.preprocess(image)
+        _synchronize(prepared.tensors["pixel_values"].device)  # on-device preprocessing is asynchronous
         decode_s.append(decoded - started)
         preprocess_s.append(time.perf_counter() - decoded)
         rows.add(prepared.num_tokens)
@@ -112,6 +117,57 @@ def measure_preprocessing(adapter: EncoderAdapter, jpegs: Sequence[bytes]) -> di
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+class _OnDevice:
+    """A torchvision image processor that runs on ``device``: every call passes transformers' ``device=``."""
+
+    def __init__(self, processor: Any, device: torch.device) -> None:
+        self._processor, self._device = processor, device
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._processor(*args, device=self._device, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._processor, name)
+
+
+def _adapter_with(adapter: EncoderAdapter, processor: Any, backend: str) -> EncoderAdapter:
+    """``adapter``'s tower (shared, not copied) behind another image processor, its fast paths re-verified."""
+    return type(adapter)(
+        adapter.module,
+        processor,
+        adapter.config,
+        checkpoint=adapter.checkpoint,
+        device=adapter.device,
+        dtype=adapter.dtype,
+        fingerprint=adapter.fingerprint,
+        processor_config=adapter.processor_config,
+        image_processor_backend=backend,  # type: ignore[arg-type]
+    )
+
+
+def measure_backends(adapter: EncoderAdapter, jpegs: Sequence[bytes]) -> dict[str, Any]:
+    """Decode + preprocess per image on each backend, on one serial thread as the service's pool runs it.
+
+    ``torchvision-device`` (CUDA only) keeps its pixels on the device, as a forward would take them; its
+    ``max_abs_diff`` is against torchvision on the CPU for the same images (resampling on another device).
+    """
+    variants: dict[str, EncoderAdapter] = {}
+    for backend in ("pil", "torchvision"):
+        processor = type(adapter).build_processor(adapter.processor_config, backend)
+        variants[backend] = _adapter_with(adapter, processor, backend)
+    if adapter.device.type == "cuda":
+        on_device = _OnDevice(variants["torchvision"].processor, adapter.device)
+        variants["torchvision-device"] = _adapter_with(adapter, on_device, "torchvision")
+    with SerialTorchThreadPool(1) as pool:
+        out = {name: pool.submit(measure_preprocessing, variant, jpegs).result() for name, variant in variants.items()}
+        if "torchvision-device" in variants:
+            image = decode_image(jpegs[0], max_pixels=_MAX_PIXELS)
+            on_cpu = pool.submit(variants["torchvision"].preprocess, image).result().tensors["pixel_values"]
+            on_gpu = pool.submit(variants["torchvision-device"].preprocess, image).result().tensors["pixel_values"]
+            out["torchvision-device"]["max_abs_diff"] = float((on_gpu.float().cpu() - on_cpu.float()).abs().max())
+    return out
 
 
 def measure_bare(
@@ -177,7 +233,9 @@ def in_process(
             "parameters_m": round(sum(p.numel() for p in adapter.module.parameters()) / 1e6, 3),
             "width": adapter.hidden_size,
         }
-        out["preprocessing"] = measure_preprocessing(adapter, jpegs[: args.preprocess_images])
+        # The service's own backend (``auto``: torchvision where it imports) sets its preprocessing ceiling.
+        out["preprocessing_by_backend"] = measure_backends(adapter, jpegs[: args.preprocess_images])
+        out["preprocessing"] = out["preprocessing_by_backend"][adapter.image_processor_backend]
         prepared = [adapter.preprocess(decode_image(j, max_pixels=_MAX_PIXELS)) for j in jpegs[:4]]
         if args.batch_sizes:
             batch_sizes = [int(v) for v in args.batch_sizes.split(",")]
@@ -279,6 +337,21 @@ def format_table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+BACKEND_COLUMNS = ("tower", "backend", "decode ms", "preprocess ms", "img/s per core", "max abs diff vs CPU")
+
+
+def format_backend_table(results: dict[str, Any]) -> str:
+    """Decode + preprocess per 1080p JPEG on each image processor backend, one thread."""
+    lines = ["| " + " | ".join(BACKEND_COLUMNS) + " |", "|" + " --- |" * len(BACKEND_COLUMNS)]
+    for name, tower in results["towers"].items():
+        for backend, prep in tower["preprocessing_by_backend"].items():
+            per_core = 1000 / (prep["decode_ms"] + prep["preprocess_ms"])
+            diff = f"{prep['max_abs_diff']:.3g}" if "max_abs_diff" in prep else ""
+            cells = [name, backend, f"{prep['decode_ms']:.1f}", f"{prep['preprocess_ms']:.1f}", f"{per_core:.1f}", diff]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", help="torch device for both phases (default: cuda if any)")
@@ -333,8 +406,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         result["seconds"] = round(time.perf_counter() - step, 1)
         results["towers"][name] = result
         print(name, json.dumps(result), file=sys.stderr, flush=True)
+        if args.out:  # what a run cut short by its time limit still has
+            args.out.write_text(json.dumps(results, indent=2))
     results["seconds"] = round(time.perf_counter() - started, 1)
     print(format_table(results))
+    print()
+    print(format_backend_table(results))
     setting = f"{args.image_size} JPEGs ({results['jpeg_kb']} KB), concurrency {args.concurrency}"
     wire = f"{args.encoding_format} {args.response_dtype}"
     print(f"{results['device']}, {results['cpus']} CPUs, {setting}, {wire}; {results['seconds']} s", flush=True)

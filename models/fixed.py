@@ -14,7 +14,7 @@ from PIL import Image
 from transformers import CLIPImageProcessorPil, CLIPVisionModel, SiglipImageProcessorPil, SiglipVisionModel
 
 from mmencode.models.base import EncoderAdapter, EncoderOutput, PreparedImage
-from mmencode.models.fixed_preprocess import FixedResolutionPreprocessor
+from mmencode.models.fixed_preprocess import FixedResolutionPreprocessor, TorchvisionFixedResolutionPreprocessor
 
 
 class SiglipAdapter(EncoderAdapter):
@@ -30,7 +30,12 @@ class SiglipAdapter(EncoderAdapter):
         super().__init__(*args, **kwargs)
         # Fewer passes over the pixels, used only once it matched this checkpoint's processor bit for
         # bit on probe images (see models.fixed_preprocess); otherwise transformers' processor.
-        self.fast_preprocessor = FixedResolutionPreprocessor.verified(self.processor, label=f"{self.family} encoder")
+        fast: type[FixedResolutionPreprocessor | TorchvisionFixedResolutionPreprocessor] = (
+            TorchvisionFixedResolutionPreprocessor
+            if self.image_processor_backend == "torchvision"
+            else FixedResolutionPreprocessor
+        )
+        self.fast_preprocessor = fast.verified(self.processor, label=f"{self.family} encoder")
 
     @property
     def hidden_size(self) -> int:

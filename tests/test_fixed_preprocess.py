@@ -1,4 +1,7 @@
-"""The fast preprocessing path of CLIP and SigLIP gives transformers' exact pixel values, or is not used."""
+"""The fast preprocessing paths of CLIP and SigLIP give transformers' exact pixel values, or are not used.
+
+One path per image processor backend: each is checked against the processor of its own backend.
+"""
 
 from __future__ import annotations
 
@@ -10,16 +13,33 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from transformers import CLIPImageProcessor, CLIPImageProcessorPil, CLIPVisionModel, SiglipImageProcessorPil
+from transformers import (
+    CLIPImageProcessor,
+    CLIPImageProcessorPil,
+    CLIPVisionModel,
+    SiglipImageProcessor,
+    SiglipImageProcessorPil,
+)
 
 import mmencode.models.fixed_preprocess as fixed_preprocess
 from mmencode.models import load_encoder
-from mmencode.models.fixed_preprocess import FixedResolutionPreprocessor
+from mmencode.models.fixed_preprocess import FixedResolutionPreprocessor, TorchvisionFixedResolutionPreprocessor
+from mmencode.models.processor_backend import Backend
 from tests.helpers import data_uri, live_server, noise_image, preprocessing_images, rows_of, transparent_rgb_image
 
 CPU = torch.device("cpu")
-# The fast paths stand in for the PIL processors; on the torchvision backend they step aside.
 PIL: dict[str, Any] = {"image_processor_backend": "pil"}
+# Each backend's processor classes and the fast path that stands in for them.
+FAST_PATHS: dict[type, Any] = {
+    CLIPImageProcessorPil: FixedResolutionPreprocessor,
+    SiglipImageProcessorPil: FixedResolutionPreprocessor,
+    CLIPImageProcessor: TorchvisionFixedResolutionPreprocessor,
+    SiglipImageProcessor: TorchvisionFixedResolutionPreprocessor,
+}
+TORCHVISION_OF: dict[type, type] = {
+    CLIPImageProcessorPil: CLIPImageProcessor,
+    SiglipImageProcessorPil: SiglipImageProcessor,
+}
 
 # Settings real checkpoints ship (OpenAI CLIP, SigLIP 224/384) and edge cases of each step.
 SETTINGS: list[tuple[type, dict[str, Any]]] = [
@@ -47,17 +67,20 @@ def _reference(processor: Any, image: Image.Image) -> torch.Tensor:
 
 
 # Each setting takes about a second here: the fast selection checks each class's defaults, make test all.
+# Every setting on both backends, except BOX resampling, which torchvision does not have.
 @pytest.mark.parametrize(
     ("cls", "settings"),
     [
-        (cls, settings) if not settings else pytest.param(cls, settings, marks=pytest.mark.slow)
+        (backend_cls, settings) if not settings else pytest.param(backend_cls, settings, marks=pytest.mark.slow)
         for cls, settings in SETTINGS
+        for backend_cls in (cls, TORCHVISION_OF[cls])
+        if not (backend_cls in TORCHVISION_OF.values() and settings.get("resample") == 4)
     ],
     ids=lambda v: getattr(v, "__name__", str(v)),
 )
 def test_fast_path_is_bit_identical_to_transformers(cls: type, settings: dict[str, Any]) -> None:
     processor = cls(**settings)
-    fast = FixedResolutionPreprocessor.verified(processor)
+    fast = FAST_PATHS[cls].verified(processor)
     assert fast is not None
     for image in IMAGES:
         expected = _reference(processor, image)
@@ -67,10 +90,10 @@ def test_fast_path_is_bit_identical_to_transformers(cls: type, settings: dict[st
         assert torch.equal(got, expected), image.size
 
 
-def _overriding_resize() -> Any:
-    class CustomResize(CLIPImageProcessorPil):
-        def resize(self, image: Any, size: Any, resample: Any = None, **kwargs: Any) -> Any:
-            return super().resize(image, size, resample, **kwargs)
+def _overriding_resize(cls: type = CLIPImageProcessorPil) -> Any:
+    class CustomResize(cls):
+        def resize(self, *args: Any, **kwargs: Any) -> Any:
+            return super().resize(*args, **kwargs)
 
     return CustomResize()
 
@@ -83,30 +106,42 @@ def _overriding_resize() -> Any:
         CLIPImageProcessorPil(size={"shortest_edge": 224, "longest_edge": 300}),
         SiglipImageProcessorPil(do_pad=True, pad_size={"height": 256, "width": 256}),
         _overriding_resize(),
+        CLIPImageProcessor(do_resize=False),
+        CLIPImageProcessor(size={"shortest_edge": 224, "longest_edge": 300}),
+        SiglipImageProcessor(do_pad=True, pad_size={"height": 256, "width": 256}),
+        _overriding_resize(CLIPImageProcessor),
+        SiglipImageProcessor(resample=4),  # BOX: torchvision has no such filter, transformers' own call fails too
     ],
-    ids=["clip-no-resize", "siglip-no-resize", "longest-edge", "pad", "subclass-overrides-resize"],
-)
+    ids=[
+        "clip-no-resize", "siglip-no-resize", "longest-edge", "pad", "subclass-overrides-resize",
+        "tv-no-resize", "tv-longest-edge", "tv-pad", "tv-subclass-overrides-resize", "tv-box-filter",
+    ],
+)  # fmt: skip
 def test_unsupported_settings_keep_transformers(processor: Any, caplog: pytest.LogCaptureFixture) -> None:
+    fast_path = FAST_PATHS[next(cls for cls in type(processor).__mro__ if cls in FAST_PATHS)]
     with caplog.at_level(logging.INFO, logger=fixed_preprocess.__name__):
-        assert FixedResolutionPreprocessor.verified(processor) is None
+        assert fast_path.verified(processor) is None
     assert "preprocessing with transformers' processor" in caplog.text
 
 
-def _one_ulp_off(processor: Any, settings: dict[str, Any]) -> np.ndarray:
-    table = _value_table(processor, settings)
+def _one_ulp_off(table: np.ndarray) -> np.ndarray:
+    table = table.copy()
     table[1, 200] = np.nextafter(table[1, 200], np.float32(np.inf))
     return table
 
 
-_value_table = fixed_preprocess.value_table
-
-
+@pytest.mark.parametrize(("backend", "table"), [("pil", "value_table"), ("torchvision", "_torchvision_value_table")])
 def test_a_probe_that_differs_by_one_ulp_keeps_transformers(
-    checkpoints: dict[str, Path], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    checkpoints: dict[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    backend: Backend,
+    table: str,
 ) -> None:
-    monkeypatch.setattr(fixed_preprocess, "value_table", _one_ulp_off)
+    real = getattr(fixed_preprocess, table)
+    monkeypatch.setattr(fixed_preprocess, table, lambda *args: _one_ulp_off(real(*args)))
     with caplog.at_level(logging.INFO, logger=fixed_preprocess.__name__):
-        adapter = load_encoder(checkpoints["clip"], device=CPU, dtype=torch.float32, **PIL)
+        adapter = load_encoder(checkpoints["clip"], device=CPU, dtype=torch.float32, image_processor_backend=backend)
     assert adapter.fast_preprocessor is None  # type: ignore[attr-defined]
     assert "differs from transformers'" in caplog.text
     image = IMAGES[0]
@@ -114,26 +149,20 @@ def test_a_probe_that_differs_by_one_ulp_keeps_transformers(
     assert torch.equal(adapter.preprocess(image).tensors["pixel_values"], expected)
 
 
-@pytest.mark.parametrize("name", ["clip", "siglip"])
-def test_the_fast_path_steps_aside_for_the_torchvision_processor(checkpoints: dict[str, Path], name: str) -> None:
-    adapter = load_encoder(checkpoints[name], device=CPU, dtype=torch.float32, image_processor_backend="torchvision")
-    assert adapter.fast_preprocessor is None  # type: ignore[attr-defined]
-    image = IMAGES[0]
-    assert torch.equal(adapter.preprocess(image).tensors["pixel_values"], _reference(adapter.processor, image))
-
-
+@pytest.mark.parametrize("backend", ["pil", "torchvision"])
 @pytest.mark.parametrize("name", ["clip", "clip-vision", "siglip", "siglip-vision"])
-def test_served_checkpoints_take_the_fast_path(checkpoints: dict[str, Path], name: str) -> None:
-    adapter = load_encoder(checkpoints[name], device=CPU, dtype=torch.float32, **PIL)
-    assert adapter.fast_preprocessor is not None  # type: ignore[attr-defined]
+def test_served_checkpoints_take_the_fast_path(checkpoints: dict[str, Path], name: str, backend: Backend) -> None:
+    adapter = load_encoder(checkpoints[name], device=CPU, dtype=torch.float32, image_processor_backend=backend)
+    assert isinstance(adapter.fast_preprocessor, FAST_PATHS[type(adapter.processor)])  # type: ignore[attr-defined]
     for image in IMAGES[:6]:
         assert torch.equal(adapter.preprocess(image).tensors["pixel_values"], _reference(adapter.processor, image))
 
 
+@pytest.mark.parametrize("backend", ["pil", "torchvision"])
 def test_an_rgb_image_naming_a_transparent_colour_is_composited_as_transformers_does(
-    checkpoints: dict[str, Path],
+    checkpoints: dict[str, Path], backend: Backend
 ) -> None:
-    adapter = load_encoder(checkpoints["clip"], device=CPU, dtype=torch.float32, **PIL)
+    adapter = load_encoder(checkpoints["clip"], device=CPU, dtype=torch.float32, image_processor_backend=backend)
     image = transparent_rgb_image()
     expected = _reference(adapter.processor, image)  # the transparent half turns white
     assert torch.equal(adapter.preprocess(image).tensors["pixel_values"], expected)

@@ -69,14 +69,23 @@ def test_tiny_run_prints_one_consistent_table(tmp_path: Path, capsys: pytest.Cap
         # bfloat16 rows as base64: 2 bytes a value, 4/3 for base64, plus the JSON around them.
         assert tower["transport"]["response_bytes"] > rows * tower["width"] * 2 * 4 / 3, name
         assert tower["preprocessing"]["decode_ms"] > 0 and tower["preprocessing"]["preprocess_ms"] > 0
+        # Both CPU backends are timed (no device on a CPU run), each giving the processor's own rows; the
+        # service's figure is its default backend's (torchvision, which imports here).
+        by_backend = tower["preprocessing_by_backend"]
+        assert set(by_backend) == {"pil", "torchvision"}, name
+        assert all(prep["rows_per_image"] == [rows] and prep["preprocess_ms"] > 0 for prep in by_backend.values())
+        assert tower["preprocessing"] == by_backend["torchvision"], name
 
-    lines = [line for line in printed.splitlines() if line.startswith("|")]
+    # The main table, then after a blank line the per-backend preprocessing table.
+    lines = [line for line in printed.split("\n\n")[0].splitlines() if line.startswith("|")]
     assert lines[0] == "| " + " | ".join(gpu.COLUMNS) + " |"
     body = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
     assert [row[0] for row in body] == list(TOWERS)
     assert all(len(row) == len(gpu.COLUMNS) for row in body)
     rows_column = gpu.COLUMNS.index("rows/img")
     assert [int(row[rows_column]) for row in body] == [t["service"]["num_tokens"] for t in results["towers"].values()]
+    backend_lines = [line for line in printed.splitlines() if line.startswith("| " + next(iter(TOWERS)) + " | pil")]
+    assert len(backend_lines) == 1 and len(backend_lines[0].strip("|").split("|")) == len(gpu.BACKEND_COLUMNS)
 
 
 def test_client_decode_reads_back_the_rows_the_service_encodes() -> None:
