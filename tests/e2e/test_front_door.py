@@ -26,6 +26,7 @@ import pytest
 from PIL import ImageOps
 
 from mmencode.models.tiny import build_tiny
+from mmencode.models.tiny.servable import MAX_POSITIONS
 from tests.helpers import LiveServer, data_uri, live_server, noise_image
 from tests.vllm_server.server import SERVED_NAME, VllmServer, chat_requests_received, metric, vllm_server
 
@@ -56,9 +57,11 @@ def upstreams(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upstreams]:
     checkpoint = build_tiny(root / "model", "qwen2_vl", layout="servable")
     storage = root / "ec"
     storage.mkdir()
+    # A and B take the long answers of the cancellation tests (LONG): the tiny model's whole context.
+    long = {"images_per_prompt": 2, "max_model_len": MAX_POSITIONS}
     servers = {
-        "a": vllm_server(checkpoint, root / "a.log", use_fast=None, images_per_prompt=2),
-        "b": vllm_server(checkpoint, root / "b.log", use_fast=None, images_per_prompt=2),
+        "a": vllm_server(checkpoint, root / "a.log", use_fast=None, **long),
+        "b": vllm_server(checkpoint, root / "b.log", use_fast=None, **long),
         "c": vllm_server(checkpoint, root / "c.log", use_fast=None, images_per_prompt=2, ec_storage=storage),
     }
     with ThreadPoolExecutor(max_workers=3, thread_name_prefix="vllm-start") as starter:
@@ -231,12 +234,12 @@ def test_an_image_over_the_limits_is_413_before_vllm(upstreams: Upstreams) -> No
 
 def test_an_upstream_4xx_reaches_the_client_with_its_status_and_message(upstreams: Upstreams, door: LiveServer) -> None:
     with pytest.raises(openai.BadRequestError) as refused:
-        client(door.url).chat.completions.create(messages=messages(WIDE), **{**GREEDY, "max_tokens": 5000})
+        client(door.url).chat.completions.create(messages=messages(WIDE), **{**GREEDY, "max_tokens": MAX_POSITIONS + 1})
     assert refused.value.status_code == 400
     error = refused.value.body
     assert isinstance(error, dict)
     assert error["code"] == "upstream_error"
-    assert "max_tokens" in error["message"] and "2048" in error["message"]  # vLLM's own words
+    assert "max_tokens" in error["message"] and str(MAX_POSITIONS) in error["message"]  # vLLM's own words
     assert error["details"]["upstream_status"] == 400
 
 
@@ -275,7 +278,10 @@ def _wait_for(condition: Any, timeout_s: float) -> bool:
     return condition()
 
 
-LONG = {"model": SERVED_NAME, "max_tokens": 1900, "temperature": 0, "ignore_eos": True}
+# Long enough that vLLM notices a cancellation before it is done, even on a faster machine whose
+# engine, run in the API server's process, starves the server's loop while it generates: 1900 tokens
+# (~5 s here) finished once in CI before the abort reached the engine.
+LONG = {"model": SERVED_NAME, "max_tokens": MAX_POSITIONS - 200, "temperature": 0, "ignore_eos": True}
 
 
 def _generated(servers: tuple[VllmServer, ...]) -> float:
@@ -291,7 +297,7 @@ def _settled(servers: tuple[VllmServer, ...]) -> bool:
 
 # vLLM's metrics are read when it is idle: its engine runs in the API server's process here, and a
 # generating engine starves /metrics for seconds. So the proof of a cancelled request is its count of
-# generated tokens, which stops short of max_tokens (1900 take ~5 s here), and nothing left running.
+# generated tokens, which stops short of max_tokens (~10 s of work here), and nothing left running.
 
 
 def test_a_client_that_leaves_a_stream_cancels_the_upstream_request(upstreams: Upstreams, door: LiveServer) -> None:

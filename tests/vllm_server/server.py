@@ -74,6 +74,7 @@ def vllm_server(
     prefix_caching: bool = False,
     videos_per_prompt: int = 0,
     audios_per_prompt: int = 0,
+    max_model_len: int = 2048,
 ) -> Iterator[VllmServer]:
     """``vllm serve model`` on 127.0.0.1; ``use_fast=False``: the PIL image processor, None: vLLM's default.
 
@@ -91,7 +92,7 @@ def vllm_server(
         "--host", "127.0.0.1", "--port", str(port),
         "--served-model-name", SERVED_NAME,
         "--dtype", dtype,
-        "--max-model-len", "2048",
+        "--max-model-len", str(max_model_len),
         "--max-num-seqs", "4",
         "--limit-mm-per-prompt", json.dumps(limits),
         "--enable-mm-embeds",
