@@ -153,6 +153,12 @@ class Settings(BaseSettings):
     max_video_tokens: int = Field(
         default=32768, ge=1, description="Rows one video may yield at the checkpoint's sampling; past it: 413."
     )
+    video_sampling: Literal["checkpoint", "sglang"] = Field(
+        default="checkpoint",
+        description="Whose frame sampling a video item follows unless it says (`sampling`): `checkpoint` (its "
+        "transformers video processor's) or `sglang` (SGLang 0.5.23's own, when it decodes a clip itself; for "
+        "a server behind SGLang's encoder protocol).",
+    )
     max_audio_bytes: ByteSize = Field(
         default=ByteSize(25 * MiB), ge=1, description="One audio file's size; past it: 413."
     )

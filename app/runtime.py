@@ -190,7 +190,16 @@ class Runtime:
         if self.settings.shared_cache:
             tiers.append(self._shared_cache(adapter))
         self.cache = TieredCache(tiers, self.metrics)
-        self._scheduler = Scheduler(adapter, worker, self.cache, self.fetcher, self._pool, limits, self.metrics)
+        self._scheduler = Scheduler(
+            adapter,
+            worker,
+            self.cache,
+            self.fetcher,
+            self._pool,
+            limits,
+            self.metrics,
+            video_sampling=self.settings.video_sampling,
+        )
         self.phase = Phase.READY
         if self.on_ready is not None:
             self.on_ready()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import torch
@@ -52,7 +52,7 @@ from mmencode.app.videos import (
 )
 from mmencode.app.worker import EncoderWorker, QueueFull, Reservation, TokenDrift, WorkerStopped
 from mmencode.models import EncoderAdapter, MetadataError, PreparedImage
-from mmencode.models.base import Modality, VideoSampling
+from mmencode.models.base import Modality, SamplingRule, VideoSampling
 from mmencode.models.errors import UnsupportedModalityError
 from mmencode.schemas.encode import PrecomputedEmbedding
 
@@ -176,6 +176,7 @@ class Scheduler:
         pool: Executor,
         limits: Limits,
         metrics: Metrics,
+        video_sampling: SamplingRule = "checkpoint",
     ) -> None:
         self.adapter = adapter
         self.worker = worker
@@ -184,6 +185,7 @@ class Scheduler:
         self.pool = pool
         self.limits = limits
         self.metrics = metrics
+        self.video_sampling = video_sampling  # the rule of a video item that names none (--video-sampling)
 
     @property
     def pooled_width(self) -> int:
@@ -330,7 +332,7 @@ class Scheduler:
                 )
             else:
                 item = items[index]
-                pending.append(_Pending(index, key, data, item.kind, item.sampling, item.frames_fps))
+                pending.append(_Pending(index, key, data, item.kind, self._sampling(item), item.frames_fps))
         if pending:
             results.extend(await self._encode_pending(pending))
         by_index = {result.index: result for result in results}
@@ -361,10 +363,16 @@ class Scheduler:
         if item.frames_fps is not None:
             return f"{self.adapter.fingerprint};video-frames;{self.adapter.video_fingerprint};fps={item.frames_fps}"
         if item.kind == "video":
-            return f"{self.adapter.fingerprint};video;{self.adapter.video_fingerprint};{item.sampling.key}"
+            return f"{self.adapter.fingerprint};video;{self.adapter.video_fingerprint};{self._sampling(item).key}"
         if item.kind == "audio":  # the feature extractor's settings are in the fingerprint already
             return f"{self.adapter.fingerprint};audio"
         return self.adapter.fingerprint
+
+    def _sampling(self, item: ItemInput) -> VideoSampling:
+        """The item's sampling, under the server's rule where it names none."""
+        if item.sampling.rule is not None:
+            return item.sampling
+        return replace(item.sampling, rule=self.video_sampling)
 
     async def _media_bytes(self, index: int, item: ItemInput) -> bytes | None:
         """The file bytes of an item's image or video; ``None`` for an item that only names a hash."""

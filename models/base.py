@@ -28,6 +28,8 @@ from mmencode.models.weights import KeyMap
 # What an item is: the file field it came in (``image``, ``video``, ``audio``), or a precomputed item's
 # ``modality``.
 Modality = Literal["image", "video", "audio"]
+# Whose sampling a video item follows (VideoSampling).
+SamplingRule = Literal["checkpoint", "sglang"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,16 +59,21 @@ class DecodedVideo:
 
 @dataclass(frozen=True, slots=True)
 class VideoSampling:
-    """Which frames of a clip the video processor keeps: the checkpoint's own rule unless the item says
-    ``fps`` (frames per second) or ``num_frames``, as transformers' processor call arguments do."""
+    """Which frames of a clip the video processor keeps, and how: by ``rule``, ``"checkpoint"`` (the
+    checkpoint's video processor samples; ``fps`` or ``num_frames`` as transformers' processor call
+    arguments) or ``"sglang"`` (SGLang's own frame choice and frame size, ``models/sglang_video.py``;
+    ``fps`` or ``num_frames`` as its video settings). ``None``: the server's default rule."""
 
     fps: float | None = None
     num_frames: int | None = None
+    rule: SamplingRule | None = None
 
     @property
     def key(self) -> str:
-        """Part of a video item's content hash: other frames, other rows."""
-        return f"fps={self.fps};num_frames={self.num_frames}"
+        """Part of a video item's content hash: other frames, other rows. (The checkpoint's rule adds
+        nothing, so hashes made before there were rules still match.)"""
+        key = f"fps={self.fps};num_frames={self.num_frames}"
+        return key if self.rule in (None, "checkpoint") else f"{key};rule={self.rule}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,11 @@ from transformers.video_utils import VideoMetadata
 from mmencode.models.base import DecodedVideo, EncoderAdapter, EncoderOutput, PreparedImage, VideoSampling
 from mmencode.models.dynamic_preprocess import DynamicResolutionPreprocessor
 from mmencode.models.errors import MetadataError, UnsupportedModalityError
+from mmencode.models.sglang_video import SGLANG_FPS, sglang_frame_indices, sglang_resize_frames
+
+# A clip that states no frame rate counts at 24 frames a second, as transformers' VideoMetadata and
+# SGLang's encoder count it.
+_UNKNOWN_FPS = 24.0
 
 
 class Qwen2VLAdapter(EncoderAdapter):
@@ -83,6 +88,9 @@ class Qwen2VLAdapter(EncoderAdapter):
 
     def video_frames_to_keep(self, total_frames: int, fps: float | None, sampling: VideoSampling) -> list[int]:
         processor = self._require_video_processor()
+        if sampling.rule == "sglang":
+            clip_fps = fps or _UNKNOWN_FPS
+            return sglang_frame_indices(total_frames, clip_fps, fps=sampling.fps, num_frames=sampling.num_frames)
         # The processor's own sample_frames, called as its preprocess calls it: every valid argument, the
         # checkpoint's value unless the item asks for another.
         asked = self._sampling_arguments(sampling)
@@ -100,10 +108,13 @@ class Qwen2VLAdapter(EncoderAdapter):
         processor = self._require_video_processor()
         clip = self._clip(video.total_frames, video.fps, video.width, video.height)
         clip.frames_indices = list(video.indices)
-        # The frames are the ones sample_frames picked (video_frames_to_keep): the processor takes them as
-        # it takes its own sample, with the indices in the metadata for the timing.
+        # SGLang resizes the frames it picked before its processor resizes them again (to the processor's
+        # own pixel limits): two resamplings, both kept, or the pixels would not be SGLang's.
+        frames = sglang_resize_frames(video.frames) if sampling.rule == "sglang" else video.frames
+        # The frames are the ones video_frames_to_keep picked: the processor takes them as it takes its
+        # own sample, with the indices in the metadata for the timing.
         out = processor(
-            videos=[video.frames],
+            videos=[frames],
             video_metadata=[clip],
             do_sample_frames=False,
             return_tensors="pt",
@@ -114,7 +125,7 @@ class Qwen2VLAdapter(EncoderAdapter):
         return PreparedImage(
             # The tower takes a clip's patches as it takes an image's: one batch may hold both.
             tensors={"pixel_values": out["pixel_values_videos"], "image_grid_thw": grid},
-            metadata={"video_grid_thw": [t, h, w], **self._video_timing(out["video_metadata"][0])},
+            metadata={"video_grid_thw": [t, h, w], **self._video_timing(out["video_metadata"][0], sampling)},
             num_tokens=t * h * w // self.merge_size**2,
         )
 
@@ -144,7 +155,7 @@ class Qwen2VLAdapter(EncoderAdapter):
             duration=total_frames / fps if fps else None,
         )
 
-    def _video_timing(self, clip: VideoMetadata) -> dict[str, Any]:
+    def _video_timing(self, clip: VideoMetadata, sampling: VideoSampling) -> dict[str, Any]:
         """What the language side needs beside the grid to place a clip's rows in time (none for Qwen2-VL)."""
         return {}
 
@@ -163,10 +174,13 @@ class Qwen2_5_VLAdapter(Qwen2VLAdapter):
     family = "qwen2_5_vl"
     tower_class = Qwen2_5_VisionTransformerPretrainedModel
 
-    def _video_timing(self, clip: VideoMetadata) -> dict[str, Any]:
-        # Qwen2.5-VL's rotary time index: seconds per temporal patch, as Qwen2_5_VLProcessor computes it.
+    def _video_timing(self, clip: VideoMetadata, sampling: VideoSampling) -> dict[str, Any]:
+        # Qwen2.5-VL's rotary time index: seconds per temporal patch, as Qwen2_5_VLProcessor computes it
+        # from the rate the frames were sampled at; SGLang's encoder from the rate it was set to sample at
+        # (2 a second unless told), whatever its rounding made of it.
         assert self.video_processor is not None
-        return {"second_per_grid_ts": self.video_processor.temporal_patch_size / clip.sampled_fps}
+        rate = (sampling.fps or SGLANG_FPS) if sampling.rule == "sglang" else clip.sampled_fps
+        return {"second_per_grid_ts": self.video_processor.temporal_patch_size / rate}
 
     @property
     def hidden_size(self) -> int:

@@ -46,7 +46,7 @@ class _Qwen3VideoTiming(Qwen2VLAdapter):
     # The language side writes each temporal patch's "<t seconds>" from them: a precomputed clip needs them.
     required_video_metadata = ("video_grid_thw", TIMESTAMPS_FIELD)
 
-    def _video_timing(self, clip: VideoMetadata) -> dict[str, Any]:
+    def _video_timing(self, clip: VideoMetadata, sampling: VideoSampling) -> dict[str, Any]:
         assert self.video_processor is not None
         return {TIMESTAMPS_FIELD: patch_timestamps(clip, int(self.video_processor.temporal_patch_size))}
 

@@ -51,6 +51,7 @@ _CONTRADICTIONS: list[Any] = [
     {"allOf": [_has("fps", _NUMBER), {"not": _has("video", _VIDEO)}]},
     {"allOf": [_has("num_frames", _INTEGER), {"not": _has("video", _STRING)}]},
     {"allOf": [_has("video", _FRAMES), {"not": _has("fps", _NUMBER)}]},
+    {"allOf": [_has("sampling", _STRING), {"not": _has("video", _STRING)}]},
     {"allOf": [_has("image", _STRING), _has("modality", {"const": "video"})]},
     {"allOf": [_has("video", _VIDEO), _has("modality", {"const": "image"})]},
     {"allOf": [_has("image", _STRING), _has("modality", {"const": "audio"})]},
@@ -114,6 +115,14 @@ class EncodeItem(BaseModel):
         default=None,
         description="Video file only: sample this many frames, evenly spread (instead of `fps`).",
     )
+    sampling: Literal["checkpoint", "sglang"] | None = Field(
+        default=None,
+        description="Video file only: whose frame sampling to follow. `checkpoint`: its transformers video "
+        "processor's (with `fps` or `num_frames` as that processor's arguments). `sglang`: SGLang 0.5.23's own "
+        "when it decodes a clip itself (2 frames a second floored to an even count, or `fps` / `num_frames` as "
+        "its video settings; frames resized to its per-clip pixel budget first). Default: the server's "
+        "`--video-sampling` (`checkpoint` unless set).",
+    )
     modality: Literal["image", "video", "audio"] | None = Field(
         default=None,
         description="What the item is; needed only beside a `precomputed_embedding` of a video or audio clip, to "
@@ -152,6 +161,8 @@ class EncodeItem(BaseModel):
             raise ValueError("`fps` and `num_frames` both choose a video's frames: give one of them")
         if (self.fps is not None or self.num_frames is not None) and self.video is None:
             raise ValueError("`fps` and `num_frames` choose a video's frames: they go with `video` only")
+        if self.sampling is not None and (self.video is None or isinstance(self.video, list)):
+            raise ValueError("`sampling` chooses a video file's frames: it goes with a `video` file only")
         if isinstance(self.video, list):
             if self.num_frames is not None:
                 raise ValueError("a frame list is taken whole: `num_frames` applies to a video file only")

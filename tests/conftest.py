@@ -30,7 +30,7 @@ PEERS_MODULE = "tests.peers.run"
 SLOW_E2E_FILES = {
     "test_audio_peers.py", "test_bad_model.py", "test_bench_gpu.py", "test_cli.py", "test_cli_settings.py",
     "test_haproxy_local.py", "test_load_balancer.py", "test_make_tiny.py", "test_quiet_probes.py", "test_sglang.py",
-    "test_shared_cache.py", "test_soak_short.py", "test_tls.py", "test_vllm.py",
+    "test_sglang_video_sampling.py", "test_shared_cache.py", "test_soak_short.py", "test_tls.py", "test_vllm.py",
 }  # fmt: skip
 
 

@@ -66,7 +66,7 @@ def _items(body: EncodeRequest) -> list[ItemInput]:
             # A frame list is taken whole; its fps is the rate the frames were sampled at.
             sampling=VideoSampling()
             if isinstance(i.video, list)
-            else VideoSampling(fps=i.fps, num_frames=i.num_frames),
+            else VideoSampling(fps=i.fps, num_frames=i.num_frames, rule=i.sampling),
             frames_fps=i.fps if isinstance(i.video, list) else None,
         )
         for i in body.items

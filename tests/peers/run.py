@@ -82,3 +82,22 @@ class SGLangReceiver:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+
+
+def sglang_preprocess_video(cases: list[dict[str, Any]], tmp_path: Path) -> list[dict[str, Any]]:
+    """SGLang's ``preprocess_video`` on each case (sglang_video.py says what a case is), in the vLLM
+    oracle's Python with the peers venv's sglang on its path: SGLang's video code needs torchvision, which
+    only that environment has (beside the CPU torch, through its documented shim)."""
+    from tests.vllm_server.server import vllm_executable  # skips, or fails under CI, without .venv-vllm
+
+    python = vllm_executable().parent / "python"
+    (site_packages,) = (Path(peers_python()).parent.parent / "lib").glob("python3*/site-packages")
+    cases_file, out = tmp_path / "sglang_video_cases.pt", tmp_path / "sglang_video.pt"
+    torch.save(cases, cases_file)
+    result = subprocess.run(
+        [str(python), str(HERE / "sglang_video.py"), str(site_packages), str(cases_file), str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    answers: list[dict[str, Any]] = torch.load(out, weights_only=True)
+    return answers
