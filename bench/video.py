@@ -3,7 +3,7 @@
 Clips of 10 s and 60 s, 1280x720 at 30 fps, H.264 (made here with PyAV). For Qwen2-VL and Qwen3-VL
 servable checkpoints, whose video processor settings are transformers' defaults (those of
 Qwen2-VL-7B-Instruct and the Qwen3-VL releases; the tiny tower does not matter here), each clip at the
-checkpoint's own sampling and at ``fps=2``:
+checkpoint's own sampling, at ``fps=2`` and at SGLang's (``sampling: sglang``):
 
 - ``decode s``: mmencode's decode_video (packet count, then one decoding pass converting only the
   frames the processor keeps), and the frames it holds;
@@ -96,7 +96,12 @@ def main() -> None:
             )
             for seconds, data in clips.items():
                 all_s, all_frames, all_bytes = baseline[seconds]
-                for label, sampling in (("checkpoint", VideoSampling()), ("fps=2", VideoSampling(fps=2.0))):
+                samplings = (
+                    ("checkpoint", VideoSampling()),
+                    ("fps=2", VideoSampling(fps=2.0)),
+                    ("sglang", VideoSampling(rule="sglang")),
+                )
+                for label, sampling in samplings:
                     row = f"| {family} | {seconds} s 720p30 ({len(data) / 2**20:.1f} MB) | {label} |"
                     tail = f" {all_s:.2f} | {all_bytes / 2**20:.0f} ({all_frames} frames) |"
                     keep = functools.partial(adapter.video_frames_to_keep, sampling=sampling)
