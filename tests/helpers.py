@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import io
 import re
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +138,27 @@ async def asgi_client(**settings: Any) -> AsyncIterator[httpx.AsyncClient]:
                     raise TimeoutError(f"the app is not ready: {ready.text}")
                 await asyncio.sleep(0.05)
             yield client
+
+
+@contextlib.contextmanager
+def file_server(directory: Path) -> Iterator[str]:
+    """The files of ``directory`` over HTTP on 127.0.0.1 (content types from their suffixes, as
+    ``http.server`` guesses them); yields the base URL. For media URLs; the fetcher's own rules are
+    tested against tests/test_fetch.py's image server."""
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(directory)))
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(timeout=5)
 
 
 def readme_python(section: str) -> dict[str, Any]:

@@ -32,6 +32,23 @@ ATOL = 1e-5
 
 # Different sizes and aspect ratios: Qwen2-VL packs them, InternVL cuts different tile counts.
 IMAGES = [noise_image(120, 90, seed=1), noise_image(64, 200, seed=2), noise_image(300, 160, seed=3)]
+# Sizes exactly on each tiny checkpoint's boundaries, where a rounding that is off by one shows: Qwen2-VL's
+# 28-pixel grid at its pixel budget's floor (56x56 = min_pixels) and ceiling (224x224 = max_pixels) and one
+# grid column past it; CLIP's and SigLIP's 64-pixel resize and crop, and a side twice that; InternVL's
+# 64-pixel tile, and exactly its 6-tile ceiling both ways (2x3 and 6x1).
+EDGES = {
+    "qwen2_vl": [(56, 56), (224, 224), (252, 224), (112, 84)],
+    "clip": [(64, 64), (128, 64), (64, 128)],
+    "siglip": [(64, 64), (128, 64)],
+    "internvl": [(64, 64), (128, 192), (384, 64)],
+}
+
+
+def _images(name: str, sizes: str) -> list[Image.Image]:
+    if sizes == "mixed":
+        return IMAGES
+    family = name.removesuffix("-vision")
+    return [noise_image(w, h, seed=10 + i) for i, (w, h) in enumerate(EDGES[family])]
 
 
 def _service_rows(adapter: EncoderAdapter, images: list[Image.Image]) -> list[torch.Tensor]:
@@ -73,10 +90,12 @@ def _reference(name: str, directory: Path, images: list[Image.Image], processor:
 @pytest.mark.parametrize(
     "name", ["qwen2_vl", "qwen2_vl-vision", "siglip", "siglip-vision", "clip", "clip-vision", "internvl"]
 )
-def test_rows_equal_transformers(name: str, checkpoints: dict[str, Path]) -> None:
+@pytest.mark.parametrize("sizes", ["mixed", "edges"])
+def test_rows_equal_transformers(name: str, sizes: str, checkpoints: dict[str, Path]) -> None:
     adapter = load_encoder(checkpoints[name], device=CPU, dtype=torch.float32)
-    ours = _service_rows(adapter, IMAGES)
-    reference = _reference(name, checkpoints[name], IMAGES, adapter.processor)
+    images = _images(name, sizes)
+    ours = _service_rows(adapter, images)
+    reference = _reference(name, checkpoints[name], images, adapter.processor)
     assert [r.shape for r in ours] == [r.shape for r in reference]
     for got, want in zip(ours, reference, strict=True):
         torch.testing.assert_close(got, want.float(), atol=ATOL, rtol=0)

@@ -28,6 +28,23 @@ IMAGES = [
     noise_image(37, 101, seed=4),
 ]
 
+# Sizes exactly on each tiny checkpoint's boundaries (its patch x merge grid, crop or tile, pixel budget),
+# the other half of the blind spot: a rounding that is right off the grid can be wrong on it.
+EDGE_SIZES: dict[str, list[tuple[int, int]]] = {
+    # 28-pixel grid; min_pixels 56x56, max_pixels 224x224, and one grid column past the ceiling
+    **{family: [(56, 56), (224, 224), (252, 224), (112, 84)] for family in ("qwen2_5_vl", "glm4v")},
+    # 32-pixel grid; min_pixels 64x64, max_pixels 256x256, and one grid column past the ceiling
+    **{family: [(64, 64), (256, 256), (288, 256), (128, 96)] for family in ("qwen3_vl", "qwen3_5")},
+    "kimi_k25": [(56, 56), (112, 84), (512, 512)],  # 28-pixel grid; max_height and max_width 512
+    "step3p7": [(168, 168), (336, 168), (112, 112)],  # 168-pixel view, 112-pixel patch
+    "mistral3": [(128, 128), (128, 64), (32, 48), (144, 128)],  # 16-pixel grid, longest_edge 128 (and past it)
+    "gemma3": [(64, 64), (128, 64), (192, 64)],  # the 64-pixel view; pan-and-scan crops of 64 and 32
+    **{family: [(64, 64), (128, 128), (128, 64)] for family in ("idefics3", "smolvlm")},  # 64-pixel tiles, longest 128
+    "internvl_chat": [(64, 64), (128, 192), (384, 64)],  # 64-pixel tile; exactly 6 tiles, the ceiling
+    # The grid pinpoints, 32 to 96 in steps of 32: the smallest, the largest, one between
+    **{family: [(32, 32), (96, 96), (64, 96)] for family in ("llava_onevision", "llava_next")},
+}
+
 
 @pytest.fixture(scope="module", params=family_params())
 def spec(request: pytest.FixtureRequest) -> FamilySpec:
@@ -65,6 +82,31 @@ def test_num_tokens_is_the_processors_placeholder_count(spec: FamilySpec, adapte
     counts = [adapter.preprocess(image).num_tokens for image in IMAGES]
     assert counts == [spec.placeholders(adapter, image) for image in IMAGES]
     assert len(set(counts)) > 1  # every tiny checkpoint's count depends on the image
+
+
+def test_sizes_on_the_grid_crop_and_budget_give_the_processors_count_and_the_models_rows(
+    spec: FamilySpec, checkpoint: Path, adapter: EncoderAdapter
+) -> None:
+    images = [noise_image(w, h, seed=20 + i) for i, (w, h) in enumerate(EDGE_SIZES[spec.family])]
+    counts = [adapter.preprocess(image).num_tokens for image in images]
+    assert counts == [spec.placeholders(adapter, image) for image in images]
+    ours = _rows(adapter, images)
+    reference = spec.reference(checkpoint, images, adapter)
+    assert [tuple(r.shape) for r in ours] == [tuple(r.shape) for r in reference]
+    for got, want in zip(ours, reference, strict=True):
+        torch.testing.assert_close(got, want.float(), atol=ATOL, rtol=0)
+
+
+def test_mistral3_image_sizes_are_the_processors(tiny_checkpoint: Callable[..., Path]) -> None:
+    """``image_sizes`` is the size PixtralProcessor resizes to (multiples of patch x merge), which the
+    language side needs to place the rows: for sizes on and off the 16-pixel grid."""
+    from tests.families.llava import _pixtral_processor
+
+    adapter = load_encoder(tiny_checkpoint("mistral3"), device=CPU, dtype=torch.float32)
+    processor = _pixtral_processor(adapter)
+    for image in [*IMAGES, *(noise_image(w, h) for w, h in EDGE_SIZES["mistral3"])]:
+        want = processor(text="[IMG]", images=[image], return_tensors="pt")["image_sizes"][0].tolist()
+        assert adapter.preprocess(image).metadata["image_sizes"] == want, image.size
 
 
 def test_a_packed_batch_equals_single_images(adapter: EncoderAdapter) -> None:

@@ -24,7 +24,16 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 from transformers.video_utils import VideoMetadata
 
 from mmencode.app.errors import PayloadTooLarge
-from tests.helpers import asgi_client, assert_error, data_uri, image_bytes, noise_image, precomputed, rows_of
+from tests.helpers import (
+    asgi_client,
+    assert_error,
+    data_uri,
+    file_server,
+    image_bytes,
+    noise_image,
+    precomputed,
+    rows_of,
+)
 from tests.videos import clip, clip_frames, video_data_uri
 
 ATOL = 1e-5
@@ -375,6 +384,49 @@ async def test_a_frame_list_is_held_to_the_video_byte_limit(checkpoint: Path) ->
     async with asgi_client(model=checkpoint, max_video_bytes=3 * len(uris[0]) * 3 // 4) as small:
         response = await small.post("/v1/encode", json={"items": [{"video": uris, "fps": 2}]})
     assert assert_error(response, 413, "payload_too_large")["details"]["limit"] == "max_video_bytes"
+
+
+# The per-file limits, each just under what the 9-frame 80x60 mp4 needs (the checkpoint's rule keeps all 9).
+FILE_LIMITS = {
+    "max_video_bytes": ({"max_video_bytes": len(CLIPS["mp4"][0]) - 1}, "max_video_bytes"),
+    "max_image_pixels": ({"max_image_pixels": 80 * 60 - 1}, "max_image_pixels"),
+    "max_video_decoded_bytes": ({"max_video_decoded_bytes": 9 * 80 * 60 * 3 - 1}, "max_video_decoded_bytes"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FILE_LIMITS))
+async def test_a_video_file_over_a_limit_is_refused_naming_it(tiny_checkpoint: Callable[..., Path], name: str) -> None:
+    """One family is enough: the limits are checked before any family's processor sees the clip."""
+    settings, limit = FILE_LIMITS[name]
+    uri = video_data_uri(CLIPS["mp4"][0])
+    async with asgi_client(model=tiny_checkpoint("qwen2_vl", layout="servable"), cache_bytes=0, **settings) as small:
+        response = await small.post("/v1/encode", json={"items": [{"video": uri}]})
+        error = assert_error(response, 413, "payload_too_large")
+        assert error["details"]["limit"] == limit and error["param"] == "items[0].video"
+        # The same clip at 4 frames is within the decoded-bytes limit; the other two do not depend on sampling.
+        if name == "max_video_decoded_bytes":
+            response = await small.post("/v1/encode", json={"items": [{"video": uri, "num_frames": 4}]})
+            assert response.status_code == 200, response.text
+
+
+async def test_a_webm_clip_by_url_equals_the_same_bytes_inline(
+    checkpoint: Path, reference: Callable[..., dict[str, Any]], tmp_path: Path
+) -> None:
+    """A VP9 webm fetched from an http URL (``video/webm``): the same item as its data URI, and the
+    processor's and model's own for the clip."""
+    data = clip(7, 64, 48, fps=6, seed=7, container="webm")
+    (tmp_path / "clip.webm").write_bytes(data)
+    with file_server(tmp_path) as base:
+        async with asgi_client(model=checkpoint, cache_bytes=0, allowed_url_hosts=["127.0.0.1"]) as client:
+            by_url, inline = await encode(
+                client, {"video": f"{base}/clip.webm"}, {"video": video_data_uri(data, "webm")}
+            )
+    assert by_url["hash"] == inline["hash"] and by_url["metadata"] == inline["metadata"]
+    torch.testing.assert_close(rows_of(by_url), rows_of(inline), atol=0, rtol=0)
+    want = reference(data, 6.0)
+    assert by_url["num_tokens"] == want["num_tokens"]
+    assert_same_metadata(by_url["metadata"], want["metadata"])
+    torch.testing.assert_close(rows_of(by_url), want["rows"], atol=ATOL, rtol=0)
 
 
 def test_only_the_frames_kept_are_converted_and_they_are_pyavs_own() -> None:

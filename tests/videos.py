@@ -31,11 +31,12 @@ _CONTAINERS = {
     "mkv": ("matroska", "ffv1", "yuv444p", "video/x-matroska"),
     # PNG frames: lossless RGB, so every decoder (vLLM's OpenCV, mmencode's PyAV) gives the same pixels.
     "avi": ("avi", "png", "rgb24", "video/x-msvideo"),
+    "webm": ("webm", "libvpx-vp9", "yuv420p", "video/webm"),
 }
 
 
 def clip(frames: int, width: int, height: int, *, fps: int = 10, seed: int = 0, container: str = "mp4") -> bytes:
-    """A file of ``frames`` frames at ``fps``: mp4 (H.264), mkv (FFV1) or avi (PNG frames)."""
+    """A file of ``frames`` frames at ``fps``: mp4 (H.264), mkv (FFV1), avi (PNG frames) or webm (VP9)."""
     fmt, codec, pix_fmt, _ = _CONTAINERS[container]
     buffer = io.BytesIO()
     with av.open(buffer, mode="w", format=fmt) as output:

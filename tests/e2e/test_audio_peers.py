@@ -13,7 +13,7 @@ import torch
 
 from mmencode.app.integrations.vllm import EC_CACHE_FILENAME
 from tests.audios import audio_data_uri, encoded, tone, wav
-from tests.helpers import LiveServer, live_server, rows_of
+from tests.helpers import LiveServer, live_server, readme_python, rows_of
 from tests.peers.run import SGLangReceiver, vllm_decode, vllm_ec_consume
 
 RATE = 16_000
@@ -23,12 +23,17 @@ CLIPS = [
 ]
 
 
-@pytest.fixture(scope="module")
+# Rows per clip: Qwen2-Audio and Qwen2.5-Omni pool the 30 s window's tower output by two; Qwen3-Omni's
+# tower works in chunks of 100 mel frames, 13 rows each, plus the rest's (docs/api.md, "Audio items").
+ROWS = {"qwen2_audio": [32, 92], "qwen2_5_omni": [32, 92], "qwen3_omni_moe": [17, 48]}
+
+
+@pytest.fixture(scope="module", params=sorted(ROWS))
 def audio_server(
-    tiny_checkpoint: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest, tiny_checkpoint: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LiveServer]:
     with live_server(
-        model=tiny_checkpoint("qwen2_audio"),
+        model=tiny_checkpoint(request.param),
         cache_dir=tmp_path_factory.mktemp("cache"),
         ec_shared_storage=tmp_path_factory.mktemp("ec"),
         ec_dtype="bfloat16",
@@ -43,6 +48,8 @@ def _items(server: LiveServer, **options: Any) -> list[dict[str, Any]]:
     return list(response.json()["items"])
 
 
+# The payload and the connector file do not depend on the family: one family's rows are enough there.
+@pytest.mark.parametrize("audio_server", ["qwen2_audio"], indirect=True)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_vllm_decodes_audio_pt_payloads_to_the_exact_rows(audio_server: LiveServer, tmp_path: Path, dtype: str) -> None:
     reference = [rows_of(item) for item in _items(audio_server)]
@@ -50,11 +57,23 @@ def test_vllm_decodes_audio_pt_payloads_to_the_exact_rows(audio_server: LiveServ
     decoded = vllm_decode([item["embedding"]["data"] for item in items], tmp_path, modality="audio")
     for item, rows, tensor in zip(items, reference, decoded, strict=True):
         # 2-D (num_tokens, hidden): what vLLM's Qwen2-Audio processor requires of audio_embeds.
-        assert list(tensor.shape) == [item["num_tokens"], 64] and tensor.dtype == getattr(torch, dtype)
+        assert list(tensor.shape) == [item["num_tokens"], rows.shape[1]] and tensor.dtype == getattr(torch, dtype)
         assert torch.equal(tensor, rows.to(tensor.dtype))
-    assert [item["num_tokens"] for item in items] == [32, 92]
 
 
+def test_readme_vllm_example_builds_audio_embeds_parts_vllm_decodes(audio_server: LiveServer, tmp_path: Path) -> None:
+    """Every audio family's metadata makes the README's code build ``audio_embeds`` parts vLLM decodes."""
+    parts = readme_python("Use with vLLM")["to_vllm_content_parts"](
+        {"items": _items(audio_server, encoding_format="pt", dtype="bfloat16")}
+    )
+    reference = [rows_of(item) for item in _items(audio_server)]
+    assert [part["type"] for part in parts] == ["audio_embeds", "audio_embeds"]
+    decoded = vllm_decode([part["audio_embeds"] for part in parts], tmp_path, modality="audio")
+    for tensor, rows in zip(decoded, reference, strict=True):
+        assert torch.equal(tensor, rows.to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("audio_server", ["qwen2_audio"], indirect=True)
 def test_vllm_ec_consumer_loads_audio_items_mmencode_wrote(audio_server: LiveServer, tmp_path: Path) -> None:
     storage = audio_server.settings.ec_shared_storage
     assert storage is not None
@@ -98,3 +117,4 @@ def test_an_audio_part_reaches_sglang_with_its_modality_and_feature_lengths(
     assert torch.equal(message["embedding"], torch.cat([rows_of(i) for i in items]).to(torch.bfloat16))
     assert message["grid_is_tensor"] and message["grid"].dtype == torch.long
     assert message["grid"].tolist() == [i["metadata"]["audio_feature_length"] for i in items] == [130, 370]
+    assert [i["num_tokens"] for i in items] == ROWS[audio_server.settings.model.name]

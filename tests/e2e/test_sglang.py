@@ -230,13 +230,14 @@ def test_a_gone_language_server_never_blocks(checkpoints: dict[str, Path], tmp_p
             rank.close()
 
 
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
 def test_a_video_part_reaches_sglang_with_its_grid_and_timing(
-    tiny_checkpoint: Any, tmp_path: Path, receiver: SGLangReceiver
+    tiny_checkpoint: Any, tmp_path: Path, receiver: SGLangReceiver, family: str
 ) -> None:
-    """Two clips as one VIDEO part on Qwen2.5-VL: the rows, Modality.VIDEO, the video grids as ``grid_dim``
-    and each clip's ``second_per_grid_ts``, as SGLang's own encoder sends them."""
+    """Two clips as one VIDEO part: the rows, Modality.VIDEO, the video grids as ``grid_dim`` and, on
+    Qwen2.5-VL, each clip's ``second_per_grid_ts``, as SGLang's own encoder sends them (Qwen2-VL has none)."""
     clips = [video_data_uri(clip(9, 80, 60, fps=10, seed=81)), video_data_uri(clip(6, 52, 70, fps=4, seed=82))]
-    with live_server(model=tiny_checkpoint("qwen2_5_vl")) as server, server.client() as client:
+    with live_server(model=tiny_checkpoint(family)) as server, server.client() as client:
         items = client.post("/v1/encode", json={"items": [{"video": c} for c in clips]}).json()["items"]
         body = {**_encode_body("v1_local_part_0", clips, receiver.port), "modality": "VIDEO"}
         response = client.post("/encode", json=body)
@@ -246,16 +247,20 @@ def test_a_video_part_reaches_sglang_with_its_grid_and_timing(
     assert message["is_sglang_class"] and message["error_msg"] is None
     assert torch.equal(message["embedding"], torch.cat([rows_of(i) for i in items]).to(torch.bfloat16))
     assert message["grid"].tolist() == [i["metadata"]["video_grid_thw"] for i in items]
-    assert message["second_per_grid_ts"] == [i["metadata"]["second_per_grid_ts"] for i in items] == [0.2, 0.5]
+    if family == "qwen2_vl":
+        assert message["second_per_grid_ts"] is None and all("second_per_grid_ts" not in i["metadata"] for i in items)
+    else:
+        assert message["second_per_grid_ts"] == [i["metadata"]["second_per_grid_ts"] for i in items] == [0.2, 0.5]
 
 
+@pytest.mark.parametrize("family", ["qwen3_vl", "qwen3_5"])
 def test_a_qwen3_vl_video_part_carries_its_timestamps_as_sglang_names_them(
-    tiny_checkpoint: Any, receiver: SGLangReceiver
+    tiny_checkpoint: Any, receiver: SGLangReceiver, family: str
 ) -> None:
-    """Qwen3-VL writes ``<t seconds>`` before each temporal patch: SGLang's encoder sends the clip's
-    per-patch times as ``video_timestamps``, which its receiver hands the language model's processor."""
+    """Qwen3-VL and Qwen3.5 write ``<t seconds>`` before each temporal patch: SGLang's encoder sends the
+    clip's per-patch times as ``video_timestamps``, which its receiver hands the language model's processor."""
     clips = [video_data_uri(clip(9, 80, 60, fps=10, seed=83)), video_data_uri(clip(13, 64, 48, fps=5, seed=84))]
-    with live_server(model=tiny_checkpoint("qwen3_vl", layout="servable")) as server, server.client() as client:
+    with live_server(model=tiny_checkpoint(family, layout="servable")) as server, server.client() as client:
         items = client.post("/v1/encode", json={"items": [{"video": c} for c in clips]}).json()["items"]
         body = {**_encode_body("v2_local_part_0", clips, receiver.port), "modality": "VIDEO"}
         response = client.post("/encode", json=body)

