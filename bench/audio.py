@@ -2,7 +2,8 @@
 
 Clips of 10 s and 30 s (the Whisper window), a chirp under noise, as 16-bit PCM wav, flac and mp3, at
 16 kHz mono (no resampling) and 44.1 kHz stereo (averaged, then resampled to 16 kHz with soxr HQ). For
-the tiny Qwen2-Audio checkpoint (the feature extractor is Qwen2-Audio-7B's: 128 mel bins, 30 s window):
+the tiny checkpoint of each audio family (``--families``; the feature extractor is the real model's: 128
+mel bins; Qwen2-Audio and Qwen2.5-Omni pad to the 30 s window, Qwen3-Omni takes the clip's own length):
 
 - ``decode ms``: mmencode's decode_audio (PyAV, FFmpeg's float conversion, mono, soxr);
 - ``features ms``: the checkpoint's WhisperFeatureExtractor as the family's processor calls it (the
@@ -11,7 +12,7 @@ the tiny Qwen2-Audio checkpoint (the feature extractor is Qwen2-Audio-7B's: 128 
 
 Each figure is the fastest of ``--repeats`` runs, on one thread as the service's pool runs it.
 
-    .venv/bin/python -m bench.audio [--seconds 10 30] [--repeats 5]
+    .venv/bin/python -m bench.audio [--seconds 10 30] [--repeats 5] [--families qwen2_audio ...]
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from mmencode.app.torch_threads import torch_threads_here
 from mmencode.models.registry import load_encoder
 from mmencode.models.tiny import build_tiny
 
-COLUMNS = ["format", "rate", "channels", "seconds", "file KB", "decode ms", "features ms", "rows"]
+FAMILIES = ("qwen2_audio", "qwen2_5_omni", "qwen3_omni_moe")
+COLUMNS = ["family", "format", "rate", "channels", "seconds", "file KB", "decode ms", "features ms", "rows"]
 
 
 def clip_samples(seconds: float, rate: int, channels: int) -> np.ndarray:
@@ -77,29 +79,31 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, nargs="+", default=[10.0, 30.0])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
     args = parser.parse_args()
     torch_threads_here(1)
-    with tempfile.TemporaryDirectory() as tmp:
-        adapter = load_encoder(
-            build_tiny(Path(tmp) / "qwen2_audio", "qwen2_audio"), device=torch.device("cpu"), dtype=torch.float32
-        )
-    rate_out = adapter.audio_sampling_rate
-    assert rate_out is not None
     limits = AudioLimits(max_seconds=max(args.seconds))
     print("| " + " | ".join(COLUMNS) + " |")
     print("|" + " --- |" * len(COLUMNS))
-    for seconds in args.seconds:
-        for rate, channels in ((16_000, 1), (44_100, 2)):
-            samples = clip_samples(seconds, rate, channels)
-            for container in ("wav", "flac", "mp3"):
-                data = audio_file(samples, rate, container)
-                audio = decode_audio(data, limits, rate_out)
-                decode = fastest(lambda data=data: decode_audio(data, limits, rate_out), args.repeats)
-                prepared = adapter.preprocess_audio(audio)
-                features = fastest(lambda audio=audio: adapter.preprocess_audio(audio), args.repeats)
-                cells = [container, rate, channels, f"{seconds:g}", len(data) // 1024]
-                cells += [f"{decode * 1000:.1f}", f"{features * 1000:.1f}", prepared.num_tokens]
-                print("| " + " | ".join(str(cell) for cell in cells) + " |", flush=True)
+    for family in args.families:
+        with tempfile.TemporaryDirectory() as tmp:
+            adapter = load_encoder(
+                build_tiny(Path(tmp) / family, family), device=torch.device("cpu"), dtype=torch.float32
+            )
+        rate_out = adapter.audio_sampling_rate
+        assert rate_out is not None
+        for seconds in args.seconds:
+            for rate, channels in ((16_000, 1), (44_100, 2)):
+                samples = clip_samples(seconds, rate, channels)
+                for container in ("wav", "flac", "mp3"):
+                    data = audio_file(samples, rate, container)
+                    audio = decode_audio(data, limits, rate_out)
+                    decode = fastest(lambda data=data: decode_audio(data, limits, rate_out), args.repeats)
+                    prepared = adapter.preprocess_audio(audio)
+                    features = fastest(lambda audio=audio: adapter.preprocess_audio(audio), args.repeats)
+                    cells = [family, container, rate, channels, f"{seconds:g}", len(data) // 1024]
+                    cells += [f"{decode * 1000:.1f}", f"{features * 1000:.1f}", prepared.num_tokens]
+                    print("| " + " | ".join(str(cell) for cell in cells) + " |", flush=True)
 
 
 if __name__ == "__main__":
