@@ -8,7 +8,10 @@ transformers' own PyAV loader gives its video processors. fp32 on CPU.
 
 from __future__ import annotations
 
+import base64
 import io
+import json
+import shutil
 import struct
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -24,6 +27,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 from transformers.video_utils import VideoMetadata
 
 from mmencode.app.errors import PayloadTooLarge
+from mmencode.models.video_processor import VIDEO_PROCESSOR_FILE
 from tests.helpers import (
     asgi_client,
     assert_error,
@@ -59,13 +63,20 @@ async def client(checkpoint: Path) -> AsyncIterator[httpx.AsyncClient]:
 
 @pytest.fixture(scope="module")
 def reference(checkpoint: Path) -> Callable[..., dict[str, Any]]:
+    return _reference_for(checkpoint)
+
+
+def _reference_for(checkpoint: Path) -> Callable[..., dict[str, Any]]:
     """What transformers makes of a clip: placeholder count, metadata and the rows at the placeholders."""
     processor = AutoProcessor.from_pretrained(checkpoint)
     model = AutoModelForImageTextToText.from_pretrained(checkpoint, dtype=torch.float32).eval()
     placeholder = processor.tokenizer.convert_tokens_to_ids("<|video_pad|>")
 
-    def run(data: bytes | np.ndarray, clip_fps: float, **sampling: Any) -> dict[str, Any]:
-        """``data``: a video file, decoded as PyAV gives its frames; or frames already sampled, taken whole."""
+    def run(
+        data: bytes | np.ndarray, clip_fps: float, *, cap_pixels_per_frame: bool = False, **sampling: Any
+    ) -> dict[str, Any]:
+        """``data``: a video file, decoded as PyAV gives its frames; or frames already sampled, taken whole.
+        ``cap_pixels_per_frame``: mmencode's pin (off unless the checkpoint sets it), given explicitly."""
         if isinstance(data, bytes):
             with av.open(io.BytesIO(data)) as container:
                 frames = np.stack([frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)])
@@ -85,7 +96,7 @@ def reference(checkpoint: Path) -> Callable[..., dict[str, Any]]:
             videos=[frames],
             video_metadata=[clip_info],
             return_tensors="pt",
-            cap_pixels_per_frame=False,
+            cap_pixels_per_frame=cap_pixels_per_frame,
             return_metadata=True,  # which frames were sampled: Qwen3-VL's timestamps
             **options,
         )
@@ -225,6 +236,63 @@ async def test_embeddings_give_one_vector_per_video(client: httpx.AsyncClient) -
         assert response.json()["usage"]["prompt_tokens"] == item["num_tokens"]
 
 
+async def test_a_video_as_bare_base64_equals_its_data_uri(client: httpx.AsyncClient) -> None:
+    """No media type: the ``video`` field says what it is, and the container is sniffed from the bytes."""
+    for name, container in (("mp4", "mp4"), ("mkv", "mkv")):
+        data = CLIPS[name][0]
+        (bare,) = await encode(client, {"video": base64.b64encode(data).decode()})
+        (uri,) = await encode(client, {"video": video_data_uri(data, container)})
+        assert bare["hash"] == uri["hash"] and bare["metadata"] == uri["metadata"], name
+        assert bare["num_tokens"] == uri["num_tokens"] > 0
+        torch.testing.assert_close(rows_of(bare), rows_of(uri), atol=0, rtol=0)
+
+
+# ----- cap_pixels_per_frame: the checkpoint's value, else off, whatever transformers' default -----
+
+# Pixel budgets small enough that the per-frame cap binds on a 10-frame 128x96 clip (the default budgets
+# are far above any test clip's). Qwen2-VL: `max_video_tokens` bounds the whole clip, shared evenly over
+# its frames; Qwen3-VL: each frame's tokens, and `size` bounds frames x pixels.
+CAPPED_BUDGETS = {
+    "Qwen2VLVideoProcessor": {"size": {"shortest_edge": 56 * 56, "longest_edge": 28 * 28 * 64}, "max_video_tokens": 20},
+    "Qwen3VLVideoProcessor": {"size": {"shortest_edge": 64 * 64, "longest_edge": 32 * 32 * 64}, "max_video_tokens": 2},
+}
+
+
+def _with_video_settings(checkpoint: Path, into: Path, **settings: Any) -> Path:
+    """A copy of ``checkpoint`` whose video processor config has ``settings`` on top of its own."""
+    shutil.copytree(checkpoint, into)
+    path = into / VIDEO_PROCESSOR_FILE
+    path.write_text(json.dumps({**json.loads(path.read_text()), **settings}, indent=2))
+    return into
+
+
+@pytest.mark.parametrize("setting", [None, True], ids=["unset-is-off", "set-on-is-followed"])
+async def test_the_per_frame_pixel_cap_is_the_checkpoints_else_off(
+    checkpoint: Path, tmp_path: Path, setting: bool | None
+) -> None:
+    """transformers 5.24 leaves the cap off when asked nothing, and says the default will flip: mmencode
+    pins it, so a checkpoint that says nothing keeps the uncapped grid on any release."""
+    video = json.loads((checkpoint / VIDEO_PROCESSOR_FILE).read_text())
+    assert video.get("cap_pixels_per_frame") is None  # the tiny checkpoints say nothing
+    budgets = CAPPED_BUDGETS[video["video_processor_type"]]
+    extra = {} if setting is None else {"cap_pixels_per_frame": setting}
+    variant = _with_video_settings(checkpoint, tmp_path / "variant", **budgets, **extra)
+    data, fps = clip(10, 128, 96, fps=10, seed=11), 10.0
+    async with asgi_client(model=variant, cache_bytes=0) as client:
+        (item,) = await encode(client, {"video": video_data_uri(data)})
+    reference = _reference_for(variant)
+    capped = bool(setting)
+    want = reference(data, fps, cap_pixels_per_frame=capped)
+    # The cap binds here: the other value gives another grid, so a flipped pin would fail this test.
+    other = reference(data, fps, cap_pixels_per_frame=not capped)
+    t, h, w = want["metadata"]["video_grid_thw"]
+    t_other, h_other, w_other = other["metadata"]["video_grid_thw"]
+    assert t == t_other and (h * w < h_other * w_other if capped else h * w > h_other * w_other)
+    assert item["num_tokens"] == want["num_tokens"] == item["embedding"]["shape"][0] != other["num_tokens"]
+    assert_same_metadata(item["metadata"], want["metadata"])
+    torch.testing.assert_close(rows_of(item), want["rows"], atol=ATOL, rtol=0)
+
+
 # ----- a clip given as its frames, already sampled -----
 
 
@@ -287,23 +355,27 @@ def _no_frames() -> bytes:
     return buffer.getvalue()
 
 
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
 @pytest.mark.parametrize(
-    ("field", "data", "status", "code"),
+    ("field", "value", "status", "code"),
     [
-        ("video", _truncated(), 400, "invalid_video"),
-        ("video", _no_frames(), 400, "invalid_video"),
-        ("video", image_bytes(noise_image(64, 48)), 400, "invalid_video"),  # an image sent as a video
-        ("image", CLIPS["mp4"][0], 400, "invalid_image"),  # a video sent as an image
-        ("video", b"\x00\x00\x00\x18ftypmp42" + bytes(200), 400, "invalid_video"),
+        ("video", _b64(_truncated()), 400, "invalid_video"),
+        ("video", _b64(_no_frames()), 400, "invalid_video"),
+        ("video", _b64(image_bytes(noise_image(64, 48))), 400, "invalid_video"),  # an image sent as a video
+        ("image", _b64(CLIPS["mp4"][0]), 400, "invalid_image"),  # a video sent as an image
+        # ...and under a media type that says it is an image: the bytes decide, not the label.
+        ("image", "data:image/png;base64," + _b64(CLIPS["mp4"][0]), 400, "invalid_image"),
+        ("video", _b64(b"\x00\x00\x00\x18ftypmp42" + bytes(200)), 400, "invalid_video"),
     ],
-    ids=["truncated", "no-frames", "image-as-video", "video-as-image", "header-only"],
+    ids=["truncated", "no-frames", "image-as-video", "video-as-image", "video-in-a-png-uri", "header-only"],
 )
 async def test_a_bad_video_is_refused_and_the_service_serves_on(
-    client: httpx.AsyncClient, field: str, data: bytes, status: int, code: str
+    client: httpx.AsyncClient, field: str, value: str, status: int, code: str
 ) -> None:
-    import base64
-
-    response = await client.post("/v1/encode", json={"items": [{field: base64.b64encode(data).decode()}]})
+    response = await client.post("/v1/encode", json={"items": [{field: value}]})
     error = assert_error(response, status, code)
     assert error["param"] == f"items[0].{field}"
     assert (await encode(client, {"video": video_data_uri(CLIPS["mkv"][0], "mkv")}))[0]["num_tokens"] > 0
@@ -318,12 +390,18 @@ def _ten_hour_header() -> bytes:
 
 
 async def test_a_long_video_is_refused_from_its_header_before_any_decoding(
-    client: httpx.AsyncClient, checkpoint: Path
+    client: httpx.AsyncClient, checkpoint: Path, reference: Callable[..., dict[str, Any]]
 ) -> None:
     response = await client.post("/v1/encode", json={"items": [{"video": video_data_uri(_ten_hour_header(), "mkv")}]})
     error = assert_error(response, 413, "payload_too_large")
     assert error["details"]["limit"] == "max_video_seconds" and error["details"]["seconds"] == 36000
     assert "header declares 36000.0 s" in error["message"] and error["param"] == "items[0].video"
+    # The service serves on: the same six frames under their true header encode as the processor's.
+    data, fps = CLIPS["mkv"]
+    (item,) = await encode(client, {"video": video_data_uri(data, "mkv")})
+    want = reference(data, fps)
+    assert item["num_tokens"] == want["num_tokens"]
+    torch.testing.assert_close(rows_of(item), want["rows"], atol=ATOL, rtol=0)
     # A header that tells the truth, over a lower limit: 9 frames at 10 fps are 0.9 s.
     async with asgi_client(model=checkpoint, max_video_seconds=0.5) as short:
         response = await short.post("/v1/encode", json={"items": [{"video": video_data_uri(CLIPS["mp4"][0])}]})
