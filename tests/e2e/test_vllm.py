@@ -1,7 +1,8 @@
 """mmencode's output as vLLM 0.34.0 takes it, decoded by vLLM's own code in the peers venv.
 
 ``pt``/``npy`` payloads through ``ImageEmbeddingMediaIO`` (what the chat API runs on an
-``image_embeds`` content part), and ``--ec-shared-storage`` files through ``ECExampleConnector`` in
+``image_embeds`` content part) and, for every video family, ``VideoEmbeddingMediaIO`` (a ``video_embeds``
+part's rows), and ``--ec-shared-storage`` files through ``ECExampleConnector`` in
 the consumer role (what a language instance started as ``ec_consumer`` runs).
 """
 
@@ -9,8 +10,11 @@ from __future__ import annotations
 
 import base64
 import io
+import json
+import math
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +25,16 @@ from mmencode.app.integrations.vllm import EC_CACHE_FILENAME
 from mmencode.models import load_encoder
 from tests.helpers import LiveServer, assert_error, data_uri, live_server, noise_image, readme_python, rows_of
 from tests.peers.run import vllm_decode, vllm_ec_consume
+from tests.test_video import FAMILIES as VIDEO_FAMILIES
 from tests.videos import clip, video_data_uri
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 IMAGES = [data_uri(noise_image(56, 56, seed=91)), data_uri(noise_image(112, 56, seed=92))]
+# 7 frames at 8 fps: Qwen2-VL and Qwen2.5-VL keep all 7 (4 temporal patches, the last frame repeated);
+# Qwen3-VL and Qwen3.5 sample 2 fps, at least 4 frames (2 patches, each with its timestamp).
+VIDEO = {"video": video_data_uri(clip(7, 72, 40, fps=8, seed=93))}
+TIMED = {"qwen3_vl", "qwen3_5"}  # their video_embeds part carries timestamps
+VIDEO_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def _encode(client: Any, **options: Any) -> dict[str, Any]:
@@ -53,17 +63,53 @@ def test_vllm_decodes_pt_and_npy_payloads_to_the_exact_rows(
         assert torch.equal(tensor, rows.to(want_dtype))
 
 
-def test_vllm_decodes_a_video_items_pt_payload_to_the_exact_rows(qwen_server: LiveServer, tmp_path: Path) -> None:
-    """A clip's rows as a ``video_embeds`` part carries them, read by vLLM's VideoEmbeddingMediaIO."""
-    item = {"video": video_data_uri(clip(7, 72, 40, fps=8, seed=93))}
-    with qwen_server.client() as client:
-        reference = rows_of(client.post("/v1/encode", json={"items": [item]}).json()["items"][0])
-        response = client.post("/v1/encode", json={"items": [item], "encoding_format": "pt", "dtype": "bfloat16"})
-    encoded = response.json()["items"][0]
-    (tensor,) = vllm_decode([encoded["embedding"]["data"]], tmp_path, modality="video")
-    assert encoded["metadata"]["video_grid_thw"][0] == 4  # 7 frames: the last repeated to fill the 4th patch
-    assert list(tensor.shape) == [encoded["num_tokens"], 64] and tensor.dtype == torch.bfloat16
-    assert torch.equal(tensor, reference.to(torch.bfloat16))
+@dataclass
+class VideoServer:
+    family: str
+    server: LiveServer
+    width: int  # the language model's hidden size, times 1 + the DeepStack levels on Qwen3-VL
+    merge_size: int
+
+
+@pytest.fixture(scope="module", params=VIDEO_FAMILIES)
+def video_server(
+    request: pytest.FixtureRequest, tiny_checkpoint: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[VideoServer]:
+    checkpoint = tiny_checkpoint(request.param, layout="servable")  # as tests/test_video.py builds them
+    config = json.loads((checkpoint / "config.json").read_text())
+    levels = len(config["vision_config"].get("deepstack_visual_indexes") or [])
+    width = config["text_config"]["hidden_size"] * (1 + levels)
+    merge_size = config["vision_config"]["spatial_merge_size"]
+    with live_server(model=checkpoint, cache_dir=tmp_path_factory.mktemp("cache")) as server:
+        yield VideoServer(request.param, server, width, merge_size)
+
+
+def _assert_video_item(video: VideoServer, item: dict[str, Any]) -> None:
+    """The rows' shape as vLLM's Qwen2-VL field factory slices them: ``prod(grid) / merge_size**2`` rows
+    per clip (it re-slices by the grid and checks no count), each the model's full width."""
+    grid = item["metadata"]["video_grid_thw"]
+    assert grid[0] == (2 if video.family in TIMED else 4)
+    assert item["num_tokens"] == math.prod(grid) // video.merge_size**2
+    assert item["embedding"]["shape"] == [item["num_tokens"], video.width]
+    if video.family == "qwen3_vl":  # [main | DeepStack level 0 | level 1] side by side
+        assert sum(item["metadata"]["deepstack_split"]) == video.width > item["metadata"]["deepstack_split"][0]
+
+
+def test_vllm_decodes_a_video_items_pt_payload_to_the_exact_rows(video_server: VideoServer, tmp_path: Path) -> None:
+    """A clip's rows as a ``video_embeds`` part carries them, read by vLLM's VideoEmbeddingMediaIO, in
+    float32 and bfloat16, for every video family."""
+    with video_server.server.client() as client:
+        reference = rows_of(client.post("/v1/encode", json={"items": [VIDEO]}).json()["items"][0])
+        encoded = []
+        for name in VIDEO_DTYPES:
+            response = client.post("/v1/encode", json={"items": [VIDEO], "encoding_format": "pt", "dtype": name})
+            assert response.status_code == 200, response.text
+            encoded.append(response.json()["items"][0])
+    decoded = vllm_decode([item["embedding"]["data"] for item in encoded], tmp_path, modality="video")
+    for item, tensor, dtype in zip(encoded, decoded, VIDEO_DTYPES.values(), strict=True):
+        _assert_video_item(video_server, item)
+        assert list(tensor.shape) == item["embedding"]["shape"] and tensor.dtype == dtype
+        assert torch.equal(tensor, reference.to(dtype))
 
 
 def test_a_pt_payload_holds_only_its_own_rows(qwen_server: LiveServer) -> None:
@@ -208,20 +254,39 @@ def test_readme_vllm_example_builds_content_parts_vllm_decodes(
         assert torch.equal(tensor, rows.to(torch.bfloat16))
 
 
-def test_readme_vllm_example_builds_a_video_embeds_part_vllm_decodes(qwen_server: LiveServer, tmp_path: Path) -> None:
-    """A clip and an image in one answer: the README's code gives a ``video_embeds`` part (rows and grid)
-    beside an ``image_embeds`` one; vLLM's own readers give back the exact rows of each."""
+def test_readme_vllm_example_builds_a_video_embeds_part_vllm_decodes(video_server: VideoServer, tmp_path: Path) -> None:
+    """A clip and an image in one answer, per video family, in float32 and bfloat16: the README's code gives
+    a ``video_embeds`` part (rows, grid, and timestamps on Qwen3-VL and Qwen3.5) beside an ``image_embeds``
+    one; vLLM's own readers give back the exact rows of each."""
     readme = readme_python("Use with vLLM")
-    items = [{"video": video_data_uri(clip(7, 72, 40, fps=8, seed=94))}, {"image": IMAGES[0]}]
-    with qwen_server.client() as client:
+    items = [VIDEO, {"image": IMAGES[0]}]
+    with video_server.server.client() as client:
         reference = [rows_of(i) for i in client.post("/v1/encode", json={"items": items}).json()["items"]]
-        body = client.post("/v1/encode", json={"items": items, "encoding_format": "pt", "dtype": "bfloat16"}).json()
-    video, image = readme["to_vllm_content_parts"](body)
-    assert video["type"] == "video_embeds" and video["uuid"] == body["items"][0]["hash"]
-    assert set(video["video_embeds"]) == {"video_embeds", "video_grid_thw"}  # Qwen2-VL: no timing fields
-    assert video["video_embeds"]["video_grid_thw"] == body["items"][0]["metadata"]["video_grid_thw"]
-    assert image["type"] == "image_embeds"
-    (clip_rows,) = vllm_decode([video["video_embeds"]["video_embeds"]], tmp_path, modality="video")
-    (image_rows,) = vllm_decode([image["image_embeds"]["image_embeds"]], tmp_path)
-    assert torch.equal(clip_rows, reference[0].to(torch.bfloat16))
-    assert torch.equal(image_rows, reference[1].to(torch.bfloat16))
+        bodies = [
+            client.post("/v1/encode", json={"items": items, "encoding_format": "pt", "dtype": name}).json()
+            for name in VIDEO_DTYPES
+        ]
+    payloads = []
+    for body in bodies:
+        clip_item = body["items"][0]
+        _assert_video_item(video_server, clip_item)
+        video, image = readme["to_vllm_content_parts"](body)
+        assert video["type"] == "video_embeds" and video["uuid"] == clip_item["hash"]
+        timed = video_server.family in TIMED
+        assert set(video["video_embeds"]) == {"video_embeds", "video_grid_thw"} | ({"timestamps"} if timed else set())
+        grid = video["video_embeds"]["video_grid_thw"]
+        assert grid == clip_item["metadata"]["video_grid_thw"] and all(isinstance(n, int) for n in grid)
+        if timed:  # one per temporal patch: vLLM writes each patch's "<t seconds>" from them
+            assert video["video_embeds"]["timestamps"] == clip_item["metadata"]["timestamps"]
+            assert len(video["video_embeds"]["timestamps"]) == grid[0]
+        # Qwen2.5-VL: the metadata has second_per_grid_ts, the part does not (vLLM 0.32 drops it; README).
+        assert ("second_per_grid_ts" in clip_item["metadata"]) == (video_server.family == "qwen2_5_vl")
+        assert image["type"] == "image_embeds"
+        assert image["image_embeds"]["image_grid_thw"] == body["items"][1]["metadata"]["image_grid_thw"]
+        payloads += [video["video_embeds"]["video_embeds"], image["image_embeds"]["image_embeds"]]
+    decoded = vllm_decode(payloads, tmp_path, modality=["video", "image"] * len(bodies))
+    pairs = zip(decoded[::2], decoded[1::2], strict=True)
+    for (clip_rows, image_rows), dtype in zip(pairs, VIDEO_DTYPES.values(), strict=True):
+        assert clip_rows.dtype == image_rows.dtype == dtype
+        assert torch.equal(clip_rows, reference[0].to(dtype))
+        assert torch.equal(image_rows, reference[1].to(dtype))

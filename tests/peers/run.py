@@ -39,11 +39,12 @@ def _run(args: list[str], *, stdin: str | None = None, env: dict[str, str] | Non
     assert result.returncode == 0, result.stderr[-4000:]
 
 
-def vllm_decode(payloads: list[str], tmp_path: Path, modality: str = "image") -> list[torch.Tensor]:
+def vllm_decode(payloads: list[str], tmp_path: Path, modality: str | list[str] = "image") -> list[torch.Tensor]:
     """``ImageEmbeddingMediaIO.load_base64`` (``VideoEmbeddingMediaIO``'s for videos) on each payload, in
-    vLLM's own code."""
+    vLLM's own code. ``modality``: one for all payloads, or one per payload (a single start of vLLM)."""
     out = tmp_path / "vllm_decoded.pt"
-    _run([str(HERE / "vllm_decode.py"), str(out), modality], stdin=json.dumps(payloads))
+    modalities = modality if isinstance(modality, str) else ",".join(modality)
+    _run([str(HERE / "vllm_decode.py"), str(out), modalities], stdin=json.dumps(payloads))
     decoded: list[torch.Tensor] = torch.load(out, weights_only=True)
     return decoded
 

@@ -7,6 +7,7 @@ decodes each with ``ImageEmbeddingMediaIO.load_base64`` (``VideoEmbeddingMediaIO
 (``video_embeds``, ``audio_embeds``) content part. Writes the tensors to OUT with ``torch.save``.
 
 usage: python vllm_decode.py OUT [image|video|audio] < payloads.json
+       python vllm_decode.py OUT video,image,... < payloads.json   (one modality per payload)
 """
 
 from __future__ import annotations
@@ -24,8 +25,11 @@ MEDIA_IO = {"image": ImageEmbeddingMediaIO, "video": VideoEmbeddingMediaIO, "aud
 
 def main() -> None:
     payloads = json.load(sys.stdin)
-    media_io = MEDIA_IO[sys.argv[2] if len(sys.argv) > 2 else "image"]()
-    torch.save([media_io.load_base64("", data) for data in payloads], sys.argv[1])
+    modalities = (sys.argv[2] if len(sys.argv) > 2 else "image").split(",")
+    if len(modalities) == 1:
+        modalities *= len(payloads)
+    decoded = [MEDIA_IO[m]().load_base64("", data) for m, data in zip(modalities, payloads, strict=True)]
+    torch.save(decoded, sys.argv[1])
 
 
 if __name__ == "__main__":
