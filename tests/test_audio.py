@@ -1,6 +1,7 @@
 """Audio items over HTTP, against the family's own transformers processor and model.
 
-Tiny Qwen2-Audio and Qwen2.5-Omni checkpoints. The reference is the whole transformers model run on the
+Tiny Qwen2-Audio, Qwen2.5-Omni and Qwen3-Omni checkpoints (the Omni ones also as released, with their
+speech output). The reference is the whole transformers model run on the
 family's whole processor (its feature extractor, a tokenizer knowing its audio tokens): the placeholder
 count is the processor's, and the rows are the ones the model scatters into ``inputs_embeds`` at the
 placeholders (captured on the way into its language model). Both are given the samples a decoder hands
@@ -10,7 +11,9 @@ over for the file (16-bit PCM ``x / 32768``, channels averaged). fp32 on CPU.
 from __future__ import annotations
 
 import base64
+import functools
 import io
+import json
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,7 @@ import httpx
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import (
     Qwen2_5OmniConfig,
     Qwen2_5OmniProcessor,
@@ -32,6 +36,10 @@ from transformers import (
     WhisperFeatureExtractor,
 )
 
+from mmencode.models import load_encoder
+from mmencode.models.tiny import FAMILIES as TINY_BUILDERS
+from mmencode.models.tiny import build_tiny
+from mmencode.models.tiny.audio import qwen2_5_omni, qwen3_omni_moe
 from tests.audios import as_float, audio_data_uri, encoded, tone, wav
 from tests.families.common import tiny_tokenizer
 from tests.helpers import (
@@ -321,3 +329,101 @@ async def test_an_image_for_an_audio_model_and_audio_for_an_image_model_are_refu
         error = assert_error(await vision.post("/v1/encode", json={"items": [audio]}), 400, "unsupported_modality")
     assert error["param"] == "items[0].audio"
     assert error["details"]["modality"] == "audio"
+
+
+async def test_embeddings_take_a_bare_base64_clip_with_modality_audio(client: httpx.AsyncClient) -> None:
+    """The file's bare base64 (no data URI) with ``"modality": "audio"``: the data URI's pooled vector."""
+    samples, kind = CLIPS["wav"]
+    data = file_of(samples, kind)
+    model = (await client.get("/v1/models")).json()["data"][0]["id"]
+    answers = []
+    for given in (audio_data_uri(data, kind), base64.b64encode(data).decode()):
+        response = await client.post("/v1/embeddings", json={"model": model, "input": given, "modality": "audio"})
+        assert response.status_code == 200, response.text
+        answers.append(response.json())
+    by_uri, bare = answers
+    assert len(bare["data"]) == 1 and bare["usage"] == by_uri["usage"]
+    torch.testing.assert_close(
+        torch.tensor(bare["data"][0]["embedding"]), torch.tensor(by_uri["data"][0]["embedding"]), atol=0, rtol=0
+    )
+    # Without the modality a bare base64 string is an image (OpenAI's default): refused, naming the input.
+    response = await client.post("/v1/embeddings", json={"model": model, "input": [base64.b64encode(data).decode()]})
+    assert assert_error(response, 400, "unsupported_modality")["param"] == "input[0]"
+
+
+@pytest.fixture(scope="module")
+async def video_client(tiny_checkpoint: Callable[..., Path]) -> AsyncIterator[httpx.AsyncClient]:
+    """A video family's service (Qwen2-VL)."""
+    async with asgi_client(model=tiny_checkpoint("qwen2_vl"), cache_bytes=0) as client:
+        yield client
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+_SPEECH = tone(1.31, RATE, 1, seed=1)
+AUDIO_AS_VIDEO = {
+    # (the "video" field, what the message must say)
+    "bare wav": (_b64(wav(_SPEECH, RATE)), "no video stream"),
+    # An mp4 holding only an AAC track, labelled as a video: the container is a video's, the streams are not.
+    "audio-only mp4": ("data:video/mp4;base64," + _b64(encoded(_SPEECH, RATE, "mp4", "aac")), "no video stream"),
+    "audio data URI": (audio_data_uri(wav(_SPEECH, RATE)), "media type 'audio/wav', not a video"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(AUDIO_AS_VIDEO))
+async def test_an_audio_file_sent_as_a_video_is_refused_and_the_service_serves_on(
+    video_client: httpx.AsyncClient, name: str
+) -> None:
+    value, said = AUDIO_AS_VIDEO[name]
+    response = await video_client.post("/v1/encode", json={"items": [{"video": value}]})
+    error = assert_error(response, 400, "invalid_video")
+    assert error["param"] == "items[0].video" and said in error["message"]
+    [item] = await encode(video_client, {"video": video_data_uri(clip(6, 32, 32, fps=4))})
+    assert item["num_tokens"] > 0
+
+
+# ----- the Omni models as released: the talker and the speech decoder beside the thinker -----
+
+SPEECH_OUTPUT = {"qwen2_5_omni": (qwen2_5_omni, "token2wav"), "qwen3_omni_moe": (qwen3_omni_moe, "code2wav")}
+
+
+def with_speech_output(directory: Path, family: str) -> Path:
+    """The family's tiny checkpoint as the hub ships it: ``enable_audio_output`` on, and the talker's and
+    the speech decoder's weights saved beside the thinker's (which are the default tiny checkpoint's)."""
+    builder, _ = SPEECH_OUTPUT[family]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(TINY_BUILDERS, family, functools.partial(builder, audio_output=True))
+        return build_tiny(directory, family)
+
+
+@pytest.mark.parametrize("family", sorted(SPEECH_OUTPUT))
+async def test_a_released_omni_checkpoint_serves_its_thinkers_audio_rows_and_reads_no_speech_weights(
+    tiny_checkpoint: Callable[..., Path], tmp_path: Path, family: str
+) -> None:
+    released = with_speech_output(tmp_path / family, family)
+    assert json.loads((released / "config.json").read_text())["enable_audio_output"] is True
+    numel = {key: tensor.numel() for key, tensor in load_file(str(released / "model.safetensors")).items()}
+    assert {key.split(".", 1)[0] for key in numel} == {"thinker", "talker", SPEECH_OUTPUT[family][1]}
+
+    items = [{"audio": audio_data_uri(file_of(samples, kind), kind)} for samples, kind in CLIPS.values()]
+    async with asgi_client(model=released, cache_bytes=0) as client:
+        served = await encode(client, *items)
+    # The same thinker without its speech output (the default tiny checkpoint, which the tests above hold
+    # to transformers' own rows): the same rows, bit for bit.
+    async with asgi_client(model=tiny_checkpoint(family), cache_bytes=0) as client:
+        plain = await encode(client, *items)
+    for got, want in zip(served, plain, strict=True):
+        assert got["num_tokens"] == want["num_tokens"] and got["metadata"] == want["metadata"]
+        torch.testing.assert_close(rows_of(got), rows_of(want), atol=0, rtol=0)
+
+    # Only the thinker's audio tower is in memory: nothing of the talker, the speech decoder, the vision
+    # tower or the language model.
+    adapter = load_encoder(released, device=torch.device("cpu"), dtype=torch.float32)
+    loaded = dict(adapter.module.named_parameters())
+    assert loaded and all(name.startswith("audio_tower.") for name in loaded)
+    tower = sum(n for key, n in numel.items() if key.startswith("thinker.audio_tower."))
+    speech = sum(n for key, n in numel.items() if not key.startswith("thinker."))
+    assert sum(p.numel() for p in loaded.values()) == tower
+    assert speech > 0 and tower < sum(numel.values()) - speech
