@@ -18,6 +18,7 @@ Each figure is the fastest of ``--repeats`` runs, on one thread as the service's
 from __future__ import annotations
 
 import argparse
+import functools
 import tempfile
 import time
 from collections.abc import Callable
@@ -98,9 +99,9 @@ def main() -> None:
                 for container in ("wav", "flac", "mp3"):
                     data = audio_file(samples, rate, container)
                     audio = decode_audio(data, limits, rate_out)
-                    decode = fastest(lambda data=data: decode_audio(data, limits, rate_out), args.repeats)
+                    decode = fastest(functools.partial(decode_audio, data, limits, rate_out), args.repeats)
                     prepared = adapter.preprocess_audio(audio)
-                    features = fastest(lambda audio=audio: adapter.preprocess_audio(audio), args.repeats)
+                    features = fastest(functools.partial(adapter.preprocess_audio, audio), args.repeats)
                     cells = [family, container, rate, channels, f"{seconds:g}", len(data) // 1024]
                     cells += [f"{decode * 1000:.1f}", f"{features * 1000:.1f}", prepared.num_tokens]
                     print("| " + " | ".join(str(cell) for cell in cells) + " |", flush=True)
