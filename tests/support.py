@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-__all__ = ["data_uri", "decode_rows", "free_port", "wait_ready"]
+__all__ = ["bare_base64", "data_uri", "decode_rows", "free_port", "wait_ready"]
 
 
 def free_port() -> int:
@@ -28,8 +28,13 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def bare_base64(data: bytes) -> str:
+    """A file as an item's field takes it without a data URI: its base64 alone."""
+    return base64.b64encode(data).decode()
+
+
 def data_uri(data: bytes, mime: str = "image/jpeg") -> str:
-    return f"data:{mime};base64," + base64.b64encode(data).decode()
+    return f"data:{mime};base64," + bare_base64(data)
 
 
 def decode_rows(embedding: dict[str, Any]) -> np.ndarray:

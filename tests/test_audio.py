@@ -52,6 +52,7 @@ from tests.helpers import (
     precomputed,
     rows_of,
 )
+from tests.support import bare_base64
 from tests.videos import clip, video_data_uri
 
 ATOL = 1e-5
@@ -337,7 +338,7 @@ async def test_embeddings_take_a_bare_base64_clip_with_modality_audio(client: ht
     data = file_of(samples, kind)
     model = (await client.get("/v1/models")).json()["data"][0]["id"]
     answers = []
-    for given in (audio_data_uri(data, kind), base64.b64encode(data).decode()):
+    for given in (audio_data_uri(data, kind), bare_base64(data)):
         response = await client.post("/v1/embeddings", json={"model": model, "input": given, "modality": "audio"})
         assert response.status_code == 200, response.text
         answers.append(response.json())
@@ -347,7 +348,7 @@ async def test_embeddings_take_a_bare_base64_clip_with_modality_audio(client: ht
         torch.tensor(bare["data"][0]["embedding"]), torch.tensor(by_uri["data"][0]["embedding"]), atol=0, rtol=0
     )
     # Without the modality a bare base64 string is an image (OpenAI's default): refused, naming the input.
-    response = await client.post("/v1/embeddings", json={"model": model, "input": [base64.b64encode(data).decode()]})
+    response = await client.post("/v1/embeddings", json={"model": model, "input": [bare_base64(data)]})
     assert assert_error(response, 400, "unsupported_modality")["param"] == "input[0]"
 
 
@@ -358,16 +359,12 @@ async def video_client(tiny_checkpoint: Callable[..., Path]) -> AsyncIterator[ht
         yield client
 
 
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
-
-
 _SPEECH = tone(1.31, RATE, 1, seed=1)
 AUDIO_AS_VIDEO = {
     # (the "video" field, what the message must say)
-    "bare wav": (_b64(wav(_SPEECH, RATE)), "no video stream"),
+    "bare wav": (bare_base64(wav(_SPEECH, RATE)), "no video stream"),
     # An mp4 holding only an AAC track, labelled as a video: the container is a video's, the streams are not.
-    "audio-only mp4": ("data:video/mp4;base64," + _b64(encoded(_SPEECH, RATE, "mp4", "aac")), "no video stream"),
+    "audio-only mp4": ("data:video/mp4;base64," + bare_base64(encoded(_SPEECH, RATE, "mp4", "aac")), "no video stream"),
     "audio data URI": (audio_data_uri(wav(_SPEECH, RATE)), "media type 'audio/wav', not a video"),
 }
 

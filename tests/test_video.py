@@ -8,7 +8,6 @@ transformers' own PyAV loader gives its video processors. fp32 on CPU.
 
 from __future__ import annotations
 
-import base64
 import io
 import json
 import shutil
@@ -38,6 +37,7 @@ from tests.helpers import (
     precomputed,
     rows_of,
 )
+from tests.support import bare_base64
 from tests.videos import clip, clip_frames, video_data_uri
 
 ATOL = 1e-5
@@ -238,11 +238,11 @@ async def test_embeddings_give_one_vector_per_video(client: httpx.AsyncClient) -
 
 async def test_a_video_as_bare_base64_equals_its_data_uri(client: httpx.AsyncClient) -> None:
     """No media type: the ``video`` field says what it is, and the container is sniffed from the bytes."""
-    for name, container in (("mp4", "mp4"), ("mkv", "mkv")):
-        data = CLIPS[name][0]
-        (bare,) = await encode(client, {"video": base64.b64encode(data).decode()})
+    for container in ("mp4", "mkv"):
+        data = CLIPS[container][0]
+        (bare,) = await encode(client, {"video": bare_base64(data)})
         (uri,) = await encode(client, {"video": video_data_uri(data, container)})
-        assert bare["hash"] == uri["hash"] and bare["metadata"] == uri["metadata"], name
+        assert bare["hash"] == uri["hash"] and bare["metadata"] == uri["metadata"], container
         assert bare["num_tokens"] == uri["num_tokens"] > 0
         torch.testing.assert_close(rows_of(bare), rows_of(uri), atol=0, rtol=0)
 
@@ -355,20 +355,16 @@ def _no_frames() -> bytes:
     return buffer.getvalue()
 
 
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
-
-
 @pytest.mark.parametrize(
     ("field", "value", "status", "code"),
     [
-        ("video", _b64(_truncated()), 400, "invalid_video"),
-        ("video", _b64(_no_frames()), 400, "invalid_video"),
-        ("video", _b64(image_bytes(noise_image(64, 48))), 400, "invalid_video"),  # an image sent as a video
-        ("image", _b64(CLIPS["mp4"][0]), 400, "invalid_image"),  # a video sent as an image
+        ("video", bare_base64(_truncated()), 400, "invalid_video"),
+        ("video", bare_base64(_no_frames()), 400, "invalid_video"),
+        ("video", bare_base64(image_bytes(noise_image(64, 48))), 400, "invalid_video"),  # an image sent as a video
+        ("image", bare_base64(CLIPS["mp4"][0]), 400, "invalid_image"),  # a video sent as an image
         # ...and under a media type that says it is an image: the bytes decide, not the label.
-        ("image", "data:image/png;base64," + _b64(CLIPS["mp4"][0]), 400, "invalid_image"),
-        ("video", _b64(b"\x00\x00\x00\x18ftypmp42" + bytes(200)), 400, "invalid_video"),
+        ("image", "data:image/png;base64," + bare_base64(CLIPS["mp4"][0]), 400, "invalid_image"),
+        ("video", bare_base64(b"\x00\x00\x00\x18ftypmp42" + bytes(200)), 400, "invalid_video"),
     ],
     ids=["truncated", "no-frames", "image-as-video", "video-as-image", "video-in-a-png-uri", "header-only"],
 )
