@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -135,6 +136,8 @@ def main() -> None:
     parser.add_argument("--image-size", default="640x480")
     parser.add_argument("--seconds", type=float, default=3.0, help="how long perf records (its files grow fast)")
     args = parser.parse_args()
+    if shutil.which("perf") is None:
+        parser.error("needs perf (Debian: apt-get install linux-perf)")
 
     checkpoint = args.root / NAME
     if not (checkpoint / "config.json").is_file():
@@ -167,9 +170,9 @@ def main() -> None:
         )  # fmt: skip
     events = list(parse_perf_script(script.stdout.splitlines()))
     totals = off_cpu_by_reason(events, tids)
-    frames_of: dict[int, list[str]] = defaultdict(list)
+    frames_of: dict[int, set[str]] = defaultdict(set)
     for event in events:
-        frames_of[event.tid].extend(event.frames)
+        frames_of[event.tid].update(event.frames)
     idle = (after[1] - before[1]) / max(1, after[0] - before[0])
     rate = result[0].images_per_s
     print(f"{rate:.1f} img/s over the load; the machine was idle {idle:.1%} of the {args.seconds} s perf recorded")
