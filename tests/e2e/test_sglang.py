@@ -280,7 +280,6 @@ def test_a_qwen3_vl_video_part_carries_its_timestamps_as_sglang_names_them(
         ({"req_id": None}, "req_id"),
         ({"mm_items": []}, "mm_items"),
         ({"num_parts": 1, "part_idx": 3}, "part_idx"),
-        ({"modality": "AUDIO"}, "modality"),
     ],
 )
 def test_an_unknown_request_shape_is_refused_clearly(
@@ -293,6 +292,23 @@ def test_an_unknown_request_shape_is_refused_clearly(
     answer = response.json()
     assert answer["status"] == "error" and field in answer["message"]
     assert "Traceback" not in answer["message"]
+
+
+def test_a_modality_the_model_does_not_take_is_refused_to_the_caller_and_to_sglang(
+    qwen_server: LiveServer, receiver: SGLangReceiver
+) -> None:
+    # A well-formed request the image model cannot serve: refused once the items are read, so the
+    # language side, waiting on its port, hears the refusal too (an unreachable one would hold the
+    # answer for the push timeout).
+    body = {**_encode_body("r8_local_part_1", IMAGES[:1], receiver.port), "modality": "AUDIO"}
+    with qwen_server.client() as client:
+        response = client.post("/encode", json=body)
+    assert response.status_code == 400, response.text
+    answer = response.json()
+    assert answer["status"] == "error" and "modality" in answer["message"]
+    assert "Traceback" not in answer["message"]
+    [message] = receiver.messages()
+    assert message["req_id"] == "r8_local_part_1" and message["error_msg"] == answer["message"]
 
 
 def test_registrations_must_agree_on_receive_count(qwen_server: LiveServer) -> None:
