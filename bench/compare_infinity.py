@@ -36,6 +36,14 @@ HERE = Path(__file__).resolve().parent / "infinity"
 NAME = "infinity-clip"
 
 
+def clip_checkpoint(root: Path) -> Path:
+    """The tiny CLIP both servers load, under ``root``: built by make_clip.py (in this venv) when missing."""
+    model = root / NAME
+    if not (model / "tokenizer_config.json").is_file():  # Infinity needs the tokenizer, written last
+        subprocess.run([sys.executable, str(HERE / "make_clip.py"), str(model)], check=True)
+    return model
+
+
 @contextlib.contextmanager
 def infinity(model: Path, venv: Path) -> Iterator[str]:
     if not (venv / "bin" / "infinity_emb").exists():
@@ -75,9 +83,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
-    model = args.root / NAME
-    if not (model / "tokenizer_config.json").is_file():
-        subprocess.run([sys.executable, str(HERE / "make_clip.py"), str(model)], check=True)
+    model = clip_checkpoint(args.root)
     width, height = (int(v) for v in args.image_size.split("x"))
     uris = [data_uri(jpeg) for jpeg in jpeg_images(args.requests, width, height, seed=9)]
     results: dict[str, Any] = {

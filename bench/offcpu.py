@@ -7,11 +7,11 @@ Drives ``mmencode serve`` (cache off) on ``bench.compare_infinity``'s tiny CLIP 
 ``perf record -e sched:sched_switch`` takes the user stack of every thread each time it leaves a core,
 for ``--seconds``. The time until the same thread runs again is charged to what it blocked in: the GIL
 (``take_gil``), a queue that had no work, the event loop's poll, OpenMP's barrier, or a preemption (it
-was runnable and lost its core). The
-machine's idle share over the window comes from ``/proc/stat``. A core idle while work is queued and
-threads wait on the GIL is time the interpreter, not the CPU, is costing (bench/README.md, "Where the
-PIL backend's last tenth goes"). Needs ``perf`` and the right to trace the server (root here);
-``perf script --no-inline`` reads the stacks in seconds, where resolving inlined frames takes minutes.
+was runnable and lost its core). The machine's idle share over the window comes from ``/proc/stat``.
+A core idle while work is queued and threads wait on the GIL is time the interpreter, not the CPU, is
+costing (bench/README.md, "Where the PIL backend's last tenth goes"). Needs ``perf`` and the right to
+trace the server (root here); ``perf script --no-inline`` reads the stacks in seconds, where resolving
+inlined frames takes minutes.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import asyncio
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 from collections import Counter, defaultdict
@@ -31,7 +30,7 @@ from pathlib import Path
 
 from bench.bench import warm_service
 from bench.common import LoadResult, drive, jpeg_images
-from bench.compare_infinity import HERE, NAME
+from bench.compare_infinity import clip_checkpoint
 from tests.support import data_uri
 
 __all__ = ["SwitchOut", "off_cpu_by_reason", "parse_perf_script", "reason_of", "thread_role"]
@@ -139,9 +138,7 @@ def main() -> None:
     if shutil.which("perf") is None:
         parser.error("needs perf (Debian: apt-get install linux-perf)")
 
-    checkpoint = args.root / NAME
-    if not (checkpoint / "config.json").is_file():
-        subprocess.run([sys.executable, str(HERE / "make_clip.py"), str(checkpoint)], check=True)
+    checkpoint = clip_checkpoint(args.root)
     width, height = (int(v) for v in args.image_size.split("x"))
     bodies = [{"items": [{"image": data_uri(jpeg)}]} for jpeg in jpeg_images(args.requests, width, height, seed=9)]
     backend = ("--image-processor-backend", args.image_processor_backend)
