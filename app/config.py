@@ -68,7 +68,14 @@ class Settings(BaseSettings):
         "Unset: 16384 on CUDA; 512 on CPU, where bigger batches fall out of cache and run slower per image.",
     )
     max_batch_items: int = Field(default=64, ge=1, description="Images per encoder forward.")
-    batch_wait_ms: float = Field(default=2.0, ge=0, le=1000, description="Longest wait to fill a batch.")
+    batch_wait_ms: float | None = Field(
+        default=None,
+        ge=0,
+        le=1000,
+        description="Longest wait to fill a batch with requests already being decoded and preprocessed; a "
+        "batch with none on their way starts at once. Unset: 20 on CPU, where each forward's fixed cost "
+        "comes out of preprocessing's cores; 2 on CUDA.",
+    )
     max_queue: int = Field(
         default=256, ge=1, description="Requests waiting for the encoder (being preprocessed or queued); past it: 503."
     )

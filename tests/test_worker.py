@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from mmencode.app.runtime import batch_wait_seconds
 from mmencode.app.worker import EncoderWorker, QueueFull, TokenDrift
 from mmencode.models import EncoderAdapter, EncoderOutput, PreparedImage, load_encoder
 from tests.helpers import noise_image
@@ -154,3 +155,48 @@ async def test_requests_being_preprocessed_hold_their_place_in_the_queue(adapter
         assert worker.queue_depth == 1
     assert worker.queue_depth == 0
     await worker.drain(5)
+
+
+async def test_a_batch_waits_for_requests_being_preprocessed(adapter: EncoderAdapter) -> None:
+    # Under load, the forward takes the requests still on their way instead of running nearly empty.
+    recording = RecordingAdapter(adapter)
+    worker = _worker(recording, batch_wait_s=30)
+    worker.start()
+    first_item, second_item = _prepared(adapter, 2)
+    on_its_way = worker.reserve()  # a request being decoded
+    first = asyncio.ensure_future(worker.encode([first_item]))
+    await asyncio.sleep(0.2)
+    assert not first.done() and recording.batches == []
+    second = await worker.encode([second_item], on_its_way)
+    assert len(second) == 1 and len(await first) == 1
+    assert recording.batches == [2]
+    await worker.drain(5)
+
+
+async def test_a_lone_request_does_not_wait_for_the_batch(adapter: EncoderAdapter) -> None:
+    # Nothing else is being preprocessed: waiting could not fill the batch, so it starts at once.
+    recording = RecordingAdapter(adapter)
+    worker = _worker(recording, batch_wait_s=30)
+    worker.start()
+    async with asyncio.timeout(10):
+        rows = await worker.encode(_prepared(adapter, 1))
+    assert len(rows) == 1 and recording.batches == [1]
+    # A request that fails while being preprocessed ends the wait for it.
+    on_its_way = worker.reserve()
+    waiting = asyncio.ensure_future(worker.encode(_prepared(adapter, 1)))
+    await asyncio.sleep(0.2)
+    assert not waiting.done()
+    on_its_way.release()
+    async with asyncio.timeout(10):
+        assert len(await waiting) == 1
+    assert recording.batches == [1, 1]
+    await worker.drain(5)
+
+
+@pytest.mark.parametrize(
+    ("configured_ms", "device", "expected_s"),
+    [(None, "cpu", 0.020), (None, "cuda", 0.002), (0.0, "cpu", 0.0), (5.0, "cuda", 0.005)],
+)
+def test_batches_wait_longer_on_the_cpu_by_default(configured_ms: float | None, device: str, expected_s: float) -> None:
+    # On a CPU each forward's fixed cost is taken from preprocessing's cores (bench/README.md).
+    assert batch_wait_seconds(configured_ms, torch.device(device)) == pytest.approx(expected_s)
