@@ -226,32 +226,31 @@ class EncoderWorker:
         self._carry = None
         batch = [first]
         items, tokens = len(first.items), first.tokens
-        deadline = time.monotonic() + self.batch_wait_s
-        while items < self.max_batch_items and tokens < self.max_batch_tokens:
-            if self._queue.empty():
-                # Wait only for requests being decoded and preprocessed now (they hold reservations, as do
-                # the jobs of this batch): with none on their way, a lone request is not held back. Under
-                # load there always are, and a bigger batch spreads each forward's fixed cost (Python,
-                # dispatch) over more images: on a CPU shared with preprocessing, that is throughput.
-                if self._reserved <= len(batch):
-                    break
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._arrival.clear()
-                try:
-                    async with asyncio.timeout(remaining):
+        loop = asyncio.get_running_loop()
+        try:
+            # One timer for the whole batch; TimeoutError can only come from the wait below.
+            async with asyncio.timeout_at(loop.time() + self.batch_wait_s):
+                while items < self.max_batch_items and tokens < self.max_batch_tokens:
+                    if self._queue.empty():
+                        # Wait only for requests being decoded and preprocessed now (they hold
+                        # reservations, as do the jobs of this batch): with none on their way, a lone
+                        # request is not held back. Under load there always are, and a fuller batch
+                        # spreads each forward's fixed cost (Python, dispatch) over more images: on a
+                        # CPU shared with preprocessing, that is throughput.
+                        if self._reserved <= len(batch):
+                            break
+                        self._arrival.clear()
                         await self._arrival.wait()
-                except TimeoutError:
-                    break
-                continue
-            job = self._queue.get_nowait()
-            if items + len(job.items) > self.max_batch_items or tokens + job.tokens > self.max_batch_tokens:
-                self._carry = job
-                break
-            batch.append(job)
-            items += len(job.items)
-            tokens += job.tokens
+                        continue
+                    job = self._queue.get_nowait()
+                    if items + len(job.items) > self.max_batch_items or tokens + job.tokens > self.max_batch_tokens:
+                        self._carry = job
+                        break
+                    batch.append(job)
+                    items += len(job.items)
+                    tokens += job.tokens
+        except TimeoutError:
+            pass  # the wait is over: run what has come
         for job in batch:
             job.reservation.release()  # out of the queue: its forward begins now
         # Requests that gave up while queued are dropped before any encoder work.
