@@ -73,8 +73,8 @@ class Settings(BaseSettings):
         ge=0,
         le=1000,
         description="Longest wait to fill a batch with requests already being decoded and preprocessed; a "
-        "batch with none on their way starts at once. Unset: 20 on CPU, where each forward's fixed cost "
-        "comes out of preprocessing's cores; 2 on CUDA.",
+        "batch with none on their way starts at once. Unset: 20 when a small model's forward runs on the CPU "
+        "beside preprocessing (its fixed cost comes out of preprocessing's cores), else 2.",
     )
     max_queue: int = Field(
         default=256, ge=1, description="Requests waiting for the encoder (being preprocessed or queued); past it: 503."

@@ -75,15 +75,20 @@ def batch_token_budget(configured: int | None, device: torch.device) -> int:
     return 16384 if device.type == "cuda" else 512
 
 
-def batch_wait_seconds(configured_ms: float | None, device: torch.device) -> float:
-    """How long a batch waits for requests on their way to it (app/worker.py). On CPU a forward's fixed
-    cost (Python, dispatch: about a millisecond for a small tower) is CPU taken from preprocessing, so
-    fewer, fuller forwards serve more images: on the tiny CLIP at 16 concurrent requests, 20 ms took
-    batches from 2 to 6 images and throughput up 14 % (bench/README.md, "Batches on a CPU"). On a GPU
-    the forward's time is the device's, and a batch forms while the previous one runs."""
+def batch_wait_seconds(configured_ms: float | None, *, forward_beside_preprocessing: bool) -> float:
+    """How long a batch waits for requests on their way to it (app/worker.py).
+
+    20 ms when the forward runs on the CPU beside preprocessing (a small tower on one thread): each
+    forward's fixed cost (Python, dispatch: about a millisecond) is then CPU taken from decoding, so
+    fewer, fuller forwards serve more images. On the tiny CLIP at 16 concurrent requests, 20 ms took
+    batches from 2 to 6 images and throughput up 11-13 % (bench/README.md, "Batches on a CPU"). 2 ms
+    otherwise: a forward that takes the CPU in turns with preprocessing gains nothing from waiting for
+    it, and a mid-size tower runs slower per image in bigger batches there; on a GPU the forward's time
+    is the device's, and the next batch forms while this one runs.
+    """
     if configured_ms is not None:
         return configured_ms / 1000
-    return 0.002 if device.type == "cuda" else 0.020
+    return 0.020 if forward_beside_preprocessing else 0.002
 
 
 def exclusive_forward_on(configured: bool | None, device: torch.device) -> bool:
@@ -157,7 +162,7 @@ class Runtime:
                 adapter,
                 max_batch_tokens=batch_token_budget(self.settings.max_batch_tokens, adapter.device),
                 max_batch_items=self.settings.max_batch_items,
-                batch_wait_s=batch_wait_seconds(self.settings.batch_wait_ms, adapter.device),
+                batch_wait_s=batch_wait_seconds(self.settings.batch_wait_ms, forward_beside_preprocessing=False),
                 max_queue=self.settings.max_queue,
                 metrics=self.metrics,
                 gate=self.compute_gate,
@@ -166,6 +171,10 @@ class Runtime:
             # One thread for a small model's forward leaves the other cores to preprocessing: no turns.
             if worker.forward_threads == 1 and self.settings.exclusive_forward is None:
                 self.compute_gate.enabled = False
+            worker.batch_wait_s = batch_wait_seconds(
+                self.settings.batch_wait_ms,
+                forward_beside_preprocessing=adapter.device.type == "cpu" and not self.compute_gate.enabled,
+            )
             worker.start()
         except Exception as exc:
             if isinstance(exc, CheckpointError):

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmencode.app.runtime import batch_wait_seconds
+from mmencode.app.runtime import Runtime, batch_wait_seconds
 from mmencode.app.worker import EncoderWorker, QueueFull, TokenDrift
 from mmencode.models import EncoderAdapter, EncoderOutput, PreparedImage, load_encoder
-from tests.helpers import noise_image
+from tests.helpers import live_server, noise_image
 
 
 @pytest.fixture(scope="module")
@@ -194,9 +194,24 @@ async def test_a_lone_request_does_not_wait_for_the_batch(adapter: EncoderAdapte
 
 
 @pytest.mark.parametrize(
-    ("configured_ms", "device", "expected_s"),
-    [(None, "cpu", 0.020), (None, "cuda", 0.002), (0.0, "cpu", 0.0), (5.0, "cuda", 0.005)],
+    ("configured_ms", "beside", "expected_s"),
+    [(None, True, 0.020), (None, False, 0.002), (0.0, True, 0.0), (5.0, False, 0.005)],
 )
-def test_batches_wait_longer_on_the_cpu_by_default(configured_ms: float | None, device: str, expected_s: float) -> None:
-    # On a CPU each forward's fixed cost is taken from preprocessing's cores (bench/README.md).
-    assert batch_wait_seconds(configured_ms, torch.device(device)) == pytest.approx(expected_s)
+def test_batches_wait_longer_beside_preprocessing_by_default(
+    configured_ms: float | None, beside: bool, expected_s: float
+) -> None:
+    # A small tower's forward on one CPU thread takes its fixed cost from preprocessing's cores;
+    # a forward that takes turns with preprocessing, or runs on a GPU, gains nothing from waiting.
+    assert batch_wait_seconds(configured_ms, forward_beside_preprocessing=beside) == pytest.approx(expected_s)
+
+
+@pytest.mark.parametrize(("cpu_threads", "wait_s"), [(1, 0.020), (2, 0.002)])
+def test_a_served_model_on_the_cpu_waits_longer_when_its_forward_runs_beside_preprocessing(
+    checkpoints: dict[str, Path], tmp_path: Path, cpu_threads: int, wait_s: float
+) -> None:
+    # One forward thread: the forward shares the CPU with preprocessing (no turns), so batches wait.
+    with live_server(model=checkpoints["qwen2_vl"], cache_dir=tmp_path, cpu_threads=cpu_threads) as server:
+        runtime: Runtime = server.server.config.app.state.runtime
+        assert runtime.worker is not None
+        assert runtime.compute_gate.enabled is (cpu_threads > 1)
+        assert runtime.worker.batch_wait_s == pytest.approx(wait_s)
