@@ -162,6 +162,7 @@ class Runtime:
                 adapter,
                 max_batch_tokens=batch_token_budget(self.settings.max_batch_tokens, adapter.device),
                 max_batch_items=self.settings.max_batch_items,
+                # Until the warm-up has measured the forward's threads; set again below.
                 batch_wait_s=batch_wait_seconds(self.settings.batch_wait_ms, forward_beside_preprocessing=False),
                 max_queue=self.settings.max_queue,
                 metrics=self.metrics,
