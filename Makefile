@@ -10,7 +10,7 @@ TORCH_VERSION ?= 2.14.1
 TORCHVISION_VERSION ?= 0.29.1
 TORCH_INDEX ?=
 
-.PHONY: serve test lint peers vllm-env test-fast gpu-wheels
+.PHONY: serve test lint peers vllm-env test-fast gpu-wheels environments system-deps
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -69,9 +69,22 @@ $(VLLM_VENV)/.installed: tests/vllm_server/requirements.txt tests/vllm_server/sh
 
 vllm-env: $(VLLM_VENV)/.installed
 
-test: lint peers vllm-env
+# The environments and the distribution's packages do not depend on one another: built side by side they
+# take about the time of the largest (pip unpacking torch) instead of the sum.
+system-deps:
 	@bash .ci/system-deps  # redis-server, haproxy, kubectl: real servers the e2e tests start
-	$(BIN)/python -m pytest  # every marker: what CI runs
+
+environments:
+	@$(MAKE) --no-print-directory --jobs=4 --output-sync=target \
+		$(VENV)/.installed $(PEERS_VENV)/.installed $(VLLM_VENV)/.installed system-deps
+
+# Two pytest workers (pytest-xdist), each taking whole files (--dist loadfile), so a file's module fixtures,
+# its vLLM servers among them, start once and its tests keep their order. Much of the suite waits on
+# servers and subprocesses starting, so two workers on two cores take ~17 min instead of ~25 here.
+PYTEST_WORKERS ?= 2
+
+test: environments lint
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile  # every marker: what CI runs
 
 # The part a developer runs while editing (under a minute): no real servers, peers, vLLM or slow tests.
 test-fast: $(VENV)/.installed
