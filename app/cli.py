@@ -225,12 +225,16 @@ def tuned_for_serving(runtime: Runtime) -> Iterator[None]:
       unfrozen on exit (the model may be garbage then, in a process that serves again);
     - torch ops in this thread (the event loop's) run serially, as in every thread but the encoder's
       (app/torch_threads.py); and MKL keeps the thread count each thread is given: ``torch.set_num_threads``
-      turns MKL's dynamic adjustment off (process-wide), and no thread of the service calls it any more.
+      turns MKL's dynamic adjustment off (process-wide), and no thread of the service calls it any more;
+    - glibc's malloc keeps a forward's large blocks for the next instead of returning them to the OS
+      (app/malloc_tuning.py), for the process's life.
     """
     import torch
 
+    from mmencode.app.malloc_tuning import keep_large_blocks_in_heap
     from mmencode.app.torch_threads import serial_torch_ops
 
+    keep_large_blocks_in_heap()
     torch.set_num_threads(torch.get_num_threads())  # the same count, for its process-wide MKL setting
     serial_torch_ops()
     runtime.on_ready = freeze_loaded_objects

@@ -44,6 +44,7 @@ from bench.common import (
 )
 from bench.server_times import ServerTimes
 from mmencode.app.images import decode_image
+from mmencode.app.malloc_tuning import keep_large_blocks_in_heap
 from mmencode.app.runtime import resolve_device
 from mmencode.models import EncoderAdapter, load_encoder
 from mmencode.models.processor_backend import BackendChoice
@@ -226,6 +227,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="also write the results as JSON here")
     args = parser.parse_args()
     backend = args.image_processor_backend
+    # The bare pipeline as `mmencode serve` runs its forwards: with glibc's malloc set the same way, the
+    # service/bare ratio measures what serving adds, not the allocator setting (bench/README.md, "Allocator").
+    keep_large_blocks_in_heap()
 
     checkpoint = build_checkpoint(args.checkpoint, args.root) if "/" not in args.checkpoint else Path(args.checkpoint)
     width, height = (int(v) for v in args.image_size.split("x"))
