@@ -5,8 +5,8 @@ a mapping of its own and unmaps it when it is freed; the threshold moves with wh
 most), and the heap's free top goes back to the OS once it is past twice the threshold. A forward
 allocates and frees its activations, megabytes each, layer after layer, so memory went back to the OS
 and came again on every forward, each page zero-filled by the kernel on first touch: on the mid tower
-7-30 % of a bare forward's time was system time, and a forward took 138-174 ms per image against
-111-124 ms with the settings below (bench/README.md, "Allocator").
+5-18 % of a bare forward loop's time was system time, and a forward took 134-174 ms per image against
+111-156 ms with the settings below, in turns (bench/README.md, "Allocator").
 
 Fixed thresholds keep those blocks in the heap, reused from one forward to the next: a mapping of its
 own only above 32 MiB (glibc's largest threshold), and up to 1 GiB of free heap top kept. The cost is
