@@ -6,7 +6,6 @@ import os
 import platform
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -37,8 +36,8 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
-def _page_faults(mode: str, **env: str) -> int:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")} | env
+def _page_faults(mode: str) -> int:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     result = subprocess.run(
         [sys.executable, "-c", _FORWARD_LIKE, mode], capture_output=True, text=True, cwd=ROOT, env=environment
     )
@@ -50,7 +49,7 @@ def _page_faults(mode: str, **env: str) -> int:
 def test_freed_activations_are_reused_instead_of_faulted_in_again() -> None:
     # Tuned, the sixty rounds cost ~6-15k faults here, whatever the count of rounds: the blocks stay in the
     # heap. Untouched, 26k at best (when glibc's moving threshold settles early) and ~1.3M at worst (it gives
-    # the 96 MiB back to the OS every round); a real forward paid 5-16 % of its time for them (bench/README.md).
+    # the 96 MiB back to the OS every round); a real forward loop paid 5-18 % of its time for them (bench/README.md).
     tuned = _page_faults("tuned")
     assert tuned < 20_000, tuned
 
@@ -67,25 +66,3 @@ def test_thresholds_the_operator_set_are_left_alone(setting: dict[str, str], mon
     for name, value in setting.items():
         monkeypatch.setenv(name, value)
     assert keep_large_blocks_in_heap() is False
-
-
-@glibc_only
-def test_serve_sets_them(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``mmencode serve``'s process tuning (app/cli.py) includes them; ``create_app`` alone never does."""
-    from mmencode.app import cli
-
-    calls: list[bool] = []
-    monkeypatch.setattr("mmencode.app.malloc_tuning.keep_large_blocks_in_heap", lambda: calls.append(True) or True)
-
-    class _Runtime:
-        on_ready = None
-
-    def enter_and_leave() -> None:
-        with cli.tuned_for_serving(_Runtime()):  # type: ignore[arg-type]
-            pass
-
-    # In a thread of its own: the tuning makes its thread's torch ops serial, which the test's must not be.
-    thread = threading.Thread(target=enter_and_leave)
-    thread.start()
-    thread.join()
-    assert calls == [True]

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
+import pytest
 import torch
 from fastapi import FastAPI
 
@@ -82,8 +83,10 @@ def test_two_apps_in_one_process_leave_its_gc_executor_and_threads_alone(
     assert _process_state() == before  # stopped
 
 
-def test_serve_tunes_its_process(checkpoints: dict[str, Path], tmp_path: Path) -> None:
+def test_serve_tunes_its_process(checkpoints: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     frozen_before = gc.get_freeze_count()
+    malloc_tuned: list[bool] = []
+    monkeypatch.setattr("mmencode.app.malloc_tuning.keep_large_blocks_in_heap", lambda: malloc_tuned.append(True))
     app = create_app(_settings(checkpoints["qwen2_vl"], tmp_path))
     runtime: Runtime = app.state.runtime
 
@@ -101,6 +104,7 @@ def test_serve_tunes_its_process(checkpoints: dict[str, Path], tmp_path: Path) -
     assert frozen_when_ready > frozen_before  # what loading left alive is out of GC's walk
     assert loop_threads == 1  # the event loop's thread runs torch ops serially
     assert gc.get_freeze_count() == 0  # unfrozen when serving ends
+    assert malloc_tuned == [True]  # glibc's thresholds set (app/malloc_tuning.py; their effect: test_malloc_tuning.py)
 
 
 def test_building_a_tiny_checkpoint_leaves_the_global_rng_alone(tmp_path: Path) -> None:
