@@ -4,26 +4,35 @@ Every core pays for a large tower's forward; a small tower's ops are too small t
 on every core leaves none for decoding, preprocessing and HTTP. So the choice is measured once at start
 (one forward on one thread and on all, and one image's preprocessing) and the setting with the higher
 images per second wins; the cost model and the measurements are in bench/README.md, "Threads and cores".
+
+The choice lasts for the process's life, so a forward on every core that shared them with another
+process (a start beside a busy neighbour) must not decide it: such a sample is timed again, for a while.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from PIL import Image
 
 from mmencode.app.torch_threads import torch_threads_here
 from mmencode.models import EncoderAdapter
 
-__all__ = ["CALIBRATION_SIZE", "choose_forward_threads", "measure_forward_threads"]
+__all__ = ["CALIBRATION_SIZE", "OtherProcessesMeter", "choose_forward_threads", "measure_forward_threads"]
 
 logger = logging.getLogger("mmencode.worker")
 
 CALIBRATION_SIZE = 448  # a photo-sized input: every family resizes it as it would a real image
 _MIN_SAMPLES = 3
 _BUDGET_S = 0.3  # per setting; a large tower gets its minimum of samples
+# Other processes' CPU during a forward on every core, in cores, past which the sample timed the sharing.
+# On two cores, one busy neighbour took 0.5-0.7 of a core and made the mid tower's forward 2-3x slower.
+_SHARED_CORES = 0.25
+_PATIENCE_S = 10.0  # how long to wait for a free machine before taking the times as they are
 
 
 def choose_forward_threads(*, cores: int, forward_one: float, forward_all: float, preprocess: float) -> int:
@@ -35,9 +44,12 @@ def choose_forward_threads(*, cores: int, forward_one: float, forward_all: float
     return 1 if side_by_side < taking_turns else cores
 
 
-def measure_forward_threads(adapter: EncoderAdapter, cores: int, repeats: int = 3) -> int:
+def measure_forward_threads(
+    adapter: EncoderAdapter, cores: int, repeats: int = 3, others: OtherProcessesMeter | None = None
+) -> int:
     """Time the adapter and set torch's threads to the better choice. Call it from the encoder's thread:
     the count is set for the calling thread only (``torch_threads_here``)."""
+    others = others or OtherProcessesMeter()
     image = Image.new("RGB", (CALIBRATION_SIZE, CALIBRATION_SIZE), (127, 64, 200))
     # An audio-only checkpoint calibrates on its own warm-up clip.
     prepare = (lambda: adapter.preprocess(image)) if adapter.takes_images else adapter.warmup_item
@@ -45,12 +57,20 @@ def measure_forward_threads(adapter: EncoderAdapter, cores: int, repeats: int = 
     item = prepare()
     times = {1: float("inf"), cores: float("inf")}
     spent = dict.fromkeys(times, 0.0)
-    samples = 0
+    samples, shared, busiest = 0, 0, 0.0
+    patience_ends = time.monotonic() + _PATIENCE_S
     while samples < _MIN_SAMPLES or min(spent.values()) < _BUDGET_S:
         for threads in times:  # in turns: a machine that drifts meanwhile moves both alike
             torch_threads_here(threads)
             adapter.forward([item])  # the first forward after a change of thread count pays for the change
+            others.start()
             took = _fastest(lambda: adapter.forward([item]), 1)
+            taken = others.cores_taken()
+            if threads > 1 and taken is not None and taken > _SHARED_CORES and time.monotonic() < patience_ends:
+                # Every core was asked for and some were someone else's: this times the neighbour, and
+                # would hand a large tower one thread for good. Time it again.
+                shared, busiest = shared + 1, max(busiest, taken)
+                continue
             times[threads] = min(times[threads], took)
             spent[threads] += took
         samples += 1
@@ -58,11 +78,57 @@ def measure_forward_threads(adapter: EncoderAdapter, cores: int, repeats: int = 
     torch_threads_here(chosen)
     logger.info(
         "CPU forward threads: %d of %d (a %dx%d image: forward %.1f ms on 1 thread, %.1f ms on %d; "
-        "preprocessing %.1f ms)",
+        "preprocessing %.1f ms%s)",
         chosen, cores, CALIBRATION_SIZE, CALIBRATION_SIZE,
         times[1] * 1000, times[cores] * 1000, cores, preprocess * 1000,
+        f"; {shared} forwards on {cores} threads timed again: other processes took up to {busiest:.2f} cores"
+        if shared else "",
     )  # fmt: skip
+    if shared and time.monotonic() >= patience_ends:
+        logger.warning(
+            "CPU forward threads: other processes kept taking up to %.2f of the %d cores through %.0f s of "
+            "calibration, so the choice of %d is for a machine as busy as now (--cpu-threads sets it)",
+            busiest, cores, _PATIENCE_S, chosen,
+        )  # fmt: skip
     return chosen
+
+
+class OtherProcessesMeter:
+    """How many cores other processes kept busy over an interval (Linux ``/proc/stat``), in cores.
+
+    The machine's busy time, less this process's own CPU time. ``/proc/stat`` counts in clock ticks
+    (10 ms), so an interval shorter than ``min_interval_s`` cannot be judged; nor can a system without
+    ``/proc/stat``: ``cores_taken`` is None then.
+    """
+
+    def __init__(self, stat: Path = Path("/proc/stat"), min_interval_s: float = 0.1) -> None:
+        self._stat = stat
+        self._min_interval_s = min_interval_s
+        self._ticks_per_s = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self._start: tuple[float, float, float] | None = None
+
+    def start(self) -> None:
+        busy = self._machine_busy_s()
+        self._start = None if busy is None else (time.monotonic(), busy, time.process_time())
+
+    def cores_taken(self) -> float | None:
+        if self._start is None:
+            return None
+        wall = time.monotonic() - self._start[0]
+        busy = self._machine_busy_s()
+        if busy is None or wall < self._min_interval_s:
+            return None
+        own = time.process_time() - self._start[2]
+        return max(0.0, (busy - self._start[1]) - own) / wall
+
+    def _machine_busy_s(self) -> float | None:
+        try:
+            fields = self._stat.read_text().split("\n", 1)[0].split()
+        except OSError:
+            return None
+        # cpu user nice system idle iowait irq softirq steal ...: all but idle and iowait were taken.
+        ticks = [int(v) for v in fields[1:9]]
+        return (sum(ticks) - ticks[3] - ticks[4]) / self._ticks_per_s
 
 
 def _fastest(call: Callable[[], object], repeats: int) -> float:

@@ -50,6 +50,11 @@ class Metrics:
         self.encoder_seconds = Histogram(
             "mmencode_encoder_seconds", "Wall time of one encoder forward.", buckets=_LATENCY_BUCKETS, registry=r
         )
+        self.cpu_forward_threads = Gauge(
+            "mmencode_cpu_forward_threads",
+            "Threads each forward uses on a CPU device, as measured at start or set by --cpu-threads; 0 on a GPU.",
+            registry=r,
+        )
         self.cache_lookups = Counter(
             "mmencode_cache_lookups", "Embedding cache lookups by tier (local, shared) and result (hit, miss).",
             ["tier", "result"], registry=r,

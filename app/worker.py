@@ -140,6 +140,7 @@ class EncoderWorker:
             cpu_threads = measure_forward_threads(self.adapter, cores=torch.get_num_threads())
         torch_threads_here(cpu_threads)  # this thread's count only: other threads and apps keep theirs
         self.forward_threads = cpu_threads
+        self.metrics.cpu_forward_threads.set(cpu_threads)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="mmencode-worker")

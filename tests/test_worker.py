@@ -8,6 +8,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 
@@ -215,3 +216,6 @@ def test_a_served_model_on_the_cpu_waits_longer_when_its_forward_runs_beside_pre
         assert runtime.worker is not None
         assert runtime.compute_gate.enabled is (cpu_threads > 1)
         assert runtime.worker.batch_wait_s == pytest.approx(wait_s)
+        # What the forward got is on /metrics: a start that chose one thread for a large tower shows.
+        metrics = httpx.get(server.url + "/metrics").text
+        assert f"mmencode_cpu_forward_threads {float(cpu_threads)}" in metrics
