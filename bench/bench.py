@@ -42,7 +42,7 @@ from bench.common import (
     service,
     service_process,
 )
-from bench.server_times import ServerTimes
+from bench.server_times import ServerTimes, gauge_value
 from mmencode.app.images import decode_image
 from mmencode.app.malloc_tuning import keep_large_blocks_in_heap
 from mmencode.app.runtime import resolve_device
@@ -127,7 +127,8 @@ def paired_rounds(
             bare = time.perf_counter() - started
             before = httpx.get(url + "/metrics").text
             result = run_load(url, "/v1/encode", bodies, concurrency, nice=loadgen_nice)
-            encoder_seconds += ServerTimes.between(before, httpx.get(url + "/metrics").text).encoder_s_total
+            after = httpx.get(url + "/metrics").text
+            encoder_seconds += ServerTimes.between(before, after).encoder_s_total
             bare_images, bare_seconds = bare_images + count, bare_seconds + bare
             served, served_seconds = served + result.images, served_seconds + result.seconds
             per_round.append(round((result.images / result.seconds) / (count / bare), 3))
@@ -145,6 +146,9 @@ def paired_rounds(
         "bare_forward_share": round(bare_forward_seconds / bare_seconds, 3),
         "service_encoder_busy": round(encoder_seconds / served_seconds, 3),
         "loadgen_nice": loadgen_nice,
+        # What the service's start-up calibration gave its forward (app/cpu_threads.py): one thread for
+        # the mid tower halves its throughput, and the ratio with it.
+        "service_forward_threads": gauge_value(after, "mmencode_cpu_forward_threads"),
     }
 
 

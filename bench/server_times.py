@@ -11,7 +11,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["ServerTimes", "histogram_totals"]
+__all__ = ["ServerTimes", "gauge_value", "histogram_totals"]
 
 
 def histogram_totals(metrics_text: str, name: str, **labels: str) -> tuple[float, float]:
@@ -28,6 +28,14 @@ def histogram_totals(metrics_text: str, name: str, **labels: str) -> tuple[float
             elif sample.name == name + "_count":
                 count += sample.value
     return total, count
+
+
+def gauge_value(metrics_text: str, name: str) -> float | None:
+    """The value of the unlabelled gauge ``name``; None where the service does not export it."""
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name == name and family.samples:
+            return family.samples[0].value
+    return None
 
 
 @dataclass(frozen=True)
