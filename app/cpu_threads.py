@@ -30,7 +30,7 @@ CALIBRATION_SIZE = 448  # a photo-sized input: every family resizes it as it wou
 _MIN_SAMPLES = 3
 _BUDGET_S = 0.3  # per setting; a large tower gets its minimum of samples
 # Other processes' CPU during a forward on every core, in cores, past which the sample timed the sharing.
-# On two cores, one busy neighbour took 0.5-0.7 of a core and made the mid tower's forward 2-3x slower.
+# On two cores, one busy neighbour took 0.5-0.8 of a core and made the mid tower's forward 2-3x slower.
 _SHARED_CORES = 0.25
 _PATIENCE_S = 10.0  # how long to wait for a free machine before taking the times as they are
 

@@ -10,7 +10,8 @@ import pytest
 from PIL import Image
 
 from bench import scaling
-from bench.server_times import ServerTimes, histogram_totals
+from bench.server_times import ServerTimes, gauge_value, histogram_totals
+from mmencode.app.metrics import Metrics
 
 RESULTS: dict[str, Any] = {
     "checkpoint_kind": "mid",
@@ -100,3 +101,13 @@ def test_server_times_are_exact_means_between_two_scrapes() -> None:
     assert times.forwards == 6 and times.encoder_s_total == 3.0 and times.encoder_s_per_forward == 0.5
     assert times.images_per_forward == 3.0 and times.request_s == 12.0 / 18
     assert np.isnan(times.queue_wait_s)  # no such histogram in these scrapes
+
+
+def test_a_gauge_is_read_from_the_service_own_metrics() -> None:
+    # The paired bench reports the forward threads the service chose at start (a start that chose one
+    # thread for the mid tower halved its throughput); an older service without the gauge reads None.
+    metrics = Metrics()
+    metrics.cpu_forward_threads.set(2)
+    text = metrics.render().decode()
+    assert gauge_value(text, "mmencode_cpu_forward_threads") == 2.0
+    assert gauge_value(text, "mmencode_no_such_gauge") is None
