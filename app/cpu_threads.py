@@ -81,8 +81,8 @@ def measure_forward_threads(
         "preprocessing %.1f ms%s)",
         chosen, cores, CALIBRATION_SIZE, CALIBRATION_SIZE,
         times[1] * 1000, times[cores] * 1000, cores, preprocess * 1000,
-        f"; {shared} forwards on {cores} threads timed again: other processes took up to {busiest:.2f} cores"
-        if shared else "",
+        f"; {shared} forward{'s' if shared > 1 else ''} on {cores} threads timed again: other processes took "
+        f"up to {busiest:.2f} cores" if shared else "",
     )  # fmt: skip
     if shared and time.monotonic() >= patience_ends:
         logger.warning(

@@ -113,7 +113,7 @@ def test_a_neighbour_busy_at_start_does_not_cost_a_large_tower_its_cores(caplog:
     # and a process that believed it would run its whole life at about half the throughput.
     with caplog.at_level(logging.INFO, logger="mmencode.worker"):
         assert _calibrate(_Neighbour(busy_until=time.monotonic() + 0.5)) == 2
-    assert "forwards on 2 threads timed again: other processes took up to 0.70 cores" in caplog.text
+    assert "on 2 threads timed again: other processes took up to 0.70 cores" in caplog.text
 
 
 def test_a_machine_that_stays_busy_is_measured_as_it_is(
