@@ -63,10 +63,11 @@ def measure_forward_threads(
         for threads in times:  # in turns: a machine that drifts meanwhile moves both alike
             torch_threads_here(threads)
             adapter.forward([item])  # the first forward after a change of thread count pays for the change
-            others.start()
+            if threads > 1:  # one thread leaves the other cores to neighbours: nothing to judge
+                others.start()
             took = _fastest(lambda: adapter.forward([item]), 1)
-            taken = others.cores_taken()
-            if threads > 1 and taken is not None and taken > _SHARED_CORES and time.monotonic() < patience_ends:
+            taken = others.cores_taken() if threads > 1 and time.monotonic() < patience_ends else None
+            if taken is not None and taken > _SHARED_CORES:
                 # Every core was asked for and some were someone else's: this times the neighbour, and
                 # would hand a large tower one thread for good. Time it again.
                 shared, busiest = shared + 1, max(busiest, taken)
@@ -115,8 +116,10 @@ class OtherProcessesMeter:
         if self._start is None:
             return None
         wall = time.monotonic() - self._start[0]
+        if wall < self._min_interval_s:
+            return None
         busy = self._machine_busy_s()
-        if busy is None or wall < self._min_interval_s:
+        if busy is None:
             return None
         own = time.process_time() - self._start[2]
         return max(0.0, (busy - self._start[1]) - own) / wall
