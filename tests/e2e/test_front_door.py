@@ -178,13 +178,14 @@ def test_text_only_requests_pass_through(
     caplog.set_level(logging.INFO, logger="mmencode.access")  # until the test ends: the line comes late
     through_door = client(door.url).chat.completions.create(**body, extra_body=extra)
     assert through_door.choices[0].message.content == direct.choices[0].message.content
+
     # The access line names the upstream that answered. The door's server thread writes it once the
     # answer has gone out, which can be a moment after the client has read it.
-    deadline = time.monotonic() + 10
-    while not (lines := [r.getMessage() for r in caplog.records if "/v1/chat/completions" in r.getMessage()]):
-        assert time.monotonic() < deadline, "no access line for the chat request"
-        time.sleep(0.05)
-    assert any(f"upstream={s.url}" in lines[-1] for s in (upstreams.a, upstreams.b))
+    def chat_lines() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "/v1/chat/completions" in r.getMessage()]
+
+    assert _wait_for(chat_lines, 10), "no access line for the chat request"
+    assert any(f"upstream={s.url}" in chat_lines()[-1] for s in (upstreams.a, upstreams.b))
 
 
 def test_models_lists_the_upstreams_models(door: LiveServer) -> None:
