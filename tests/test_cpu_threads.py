@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -128,6 +129,52 @@ def test_a_machine_that_stays_busy_is_measured_as_it_is(
     assert len(warnings) == 1
     assert "other processes kept taking up to 0.70 of the 2 cores" in warnings[0].getMessage()
     assert "--cpu-threads" in warnings[0].getMessage()
+
+
+class _UnseenNeighbour(_Neighbour):
+    """A slowdown no meter sees: the host's other tenants on one of the VM's cores, say."""
+
+    def cores_taken(self) -> float | None:
+        return 0.0
+
+
+def test_a_one_thread_verdict_that_does_not_hold_a_pause_later_is_dropped(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Two seconds in which the forward on two threads looked slower than on one, unseen by the meter:
+    # without a second look, half the throughput for the process's life.
+    monkeypatch.setattr(cpu_threads, "_BUDGET_S", 0.0)  # the minimum of samples: a pass of about 0.4 s
+    monkeypatch.setattr(cpu_threads, "_CHECK_ONE_THREAD_ABOVE_S", 0.015)  # the stand-in's 20 ms counts as slow
+    with caplog.at_level(logging.INFO, logger="mmencode.worker"):
+        assert _calibrate(_UnseenNeighbour(busy_until=time.monotonic() + 1.5)) == 2
+    assert "both timed again 2 s after a first verdict of one thread" in caplog.text
+    # The fastest of both passes: the second's 12 ms on two threads, not the first's 50.
+    on_two = re.search(r"([\d.]+) ms on 2;", caplog.text)
+    assert on_two is not None and float(on_two.group(1)) < 20
+
+
+def test_a_one_thread_verdict_that_holds_stands(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A machine whose cores stay unequal: the second look agrees, and one thread it is.
+    monkeypatch.setattr(cpu_threads, "_BUDGET_S", 0.0)
+    monkeypatch.setattr(cpu_threads, "_CHECK_ONE_THREAD_ABOVE_S", 0.015)
+    monkeypatch.setattr(cpu_threads, "_CHECK_AGAIN_AFTER_S", 0.1)
+    with caplog.at_level(logging.INFO, logger="mmencode.worker"):
+        assert _calibrate(_UnseenNeighbour(busy_until=float("inf"))) == 1
+    assert "timed again" in caplog.text
+
+
+def test_a_fast_forward_takes_its_one_thread_verdict_at_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Under the threshold (the small towers, whose verdict is one thread anyway) the start is not delayed.
+    monkeypatch.setattr(cpu_threads, "_BUDGET_S", 0.0)
+    started = time.monotonic()
+    with caplog.at_level(logging.INFO, logger="mmencode.worker"):
+        assert _calibrate(_UnseenNeighbour(busy_until=float("inf"))) == 1
+    assert "timed again" not in caplog.text
+    assert time.monotonic() - started < cpu_threads._CHECK_AGAIN_AFTER_S
 
 
 def test_the_meter_counts_other_processes_not_this_one(tmp_path: Path) -> None:
