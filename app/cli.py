@@ -252,6 +252,9 @@ def freeze_loaded_objects() -> None:
 
 
 def serve(settings: Settings) -> int:
+    from mmencode.app.openmp_spin import shorten_openmp_spin
+
+    shorten_openmp_spin()  # read once, when torch loads its OpenMP runtime: before the imports below
     import uvicorn
 
     from mmencode.app.main import create_app
