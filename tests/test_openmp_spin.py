@@ -42,11 +42,12 @@ def _cpu_while_idle(**environ: str) -> float:
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="an OpenMP team needs two cores")
 def test_the_team_sleeps_within_milliseconds_after_a_parallel_op_and_an_operators_count_stays() -> None:
-    # libgomp's own default spins ~10 ms on this project's CI cores after every region (~100 ms over
-    # the ten sleeps); ours, under one.
-    assert _cpu_while_idle() < 0.03
-    # A count the operator set is kept: a long one spins through the sleeps.
-    assert _cpu_while_idle(GOMP_SPINCOUNT="1000000000") > 0.25
+    # libgomp's own default spins ~10 ms on this project's CI cores after every region (90-120 ms over
+    # the ten sleeps, idle or beside six busy processes); ours, under a millisecond each (4-16 ms).
+    assert _cpu_while_idle() < 0.04
+    # A count the operator set is kept: a long one spins through the sleeps (~0.5 s of CPU; less when
+    # other tests share the cores, hence the margin).
+    assert _cpu_while_idle(GOMP_SPINCOUNT="1000000000") > 0.1
 
 
 def test_nothing_is_set_once_torch_is_loaded() -> None:
