@@ -1,11 +1,12 @@
-"""Preprocessing: transformers' PIL processor vs the service's verified fast paths.
+"""Preprocessing: transformers' processors vs the service's verified fast paths, on both backends.
 
     python -m bench.fixed_preprocess --images 64 --size 320x240 --qwen-sizes 392x392,640x480
 
 CLIP and SigLIP (``models/fixed_preprocess.py``) on ``--size`` images; the Qwen2-VL processor
-(``models/dynamic_preprocess.py``, also Qwen2.5-VL's and Qwen3-VL's) on each of ``--qwen-sizes``. Per
-image, on one thread, JPEGs decoded by the service's own ``decode_image`` first (decoding is not
-timed). Every output of a fast path is compared with transformers' (the same keys, dtypes and bits)
+(``models/dynamic_preprocess.py``, also Qwen2.5-VL's and Qwen3-VL's) on each of ``--qwen-sizes``; each
+with its PIL processor and its torchvision one (``--backends``). Per image, on one thread, JPEGs
+decoded by the service's own ``decode_image`` first (decoding is not timed). Every output of a fast path
+is compared with transformers' (the same keys, dtypes and bits)
 before it is timed; the script stops on any difference.
 """
 
@@ -19,27 +20,51 @@ from typing import Any
 
 import torch
 from PIL import Image
-from transformers import CLIPImageProcessorPil, Qwen2VLImageProcessorPil, SiglipImageProcessorPil
+from transformers import (
+    CLIPImageProcessor,
+    CLIPImageProcessorPil,
+    Qwen2VLImageProcessor,
+    Qwen2VLImageProcessorPil,
+    SiglipImageProcessor,
+    SiglipImageProcessorPil,
+)
 
 from bench.common import jpeg_images
 from mmencode.app.images import decode_image
-from mmencode.models.dynamic_preprocess import DynamicResolutionPreprocessor
-from mmencode.models.fixed_preprocess import FixedResolutionPreprocessor
+from mmencode.models.dynamic_preprocess import DynamicResolutionPreprocessor, TorchvisionDynamicResolutionPreprocessor
+from mmencode.models.fixed_preprocess import FixedResolutionPreprocessor, TorchvisionFixedResolutionPreprocessor
 from mmencode.models.verified_preprocess import VerifiedPreprocessor, same_outputs
 
-# The bench's tiny CLIP (bench/infinity/make_clip.py), OpenAI CLIP at 224 and 336, SigLIP at 224 and 384.
-FIXED_SETTINGS: dict[str, Any] = {
-    "clip-tiny-64": CLIPImageProcessorPil(size={"shortest_edge": 64}, crop_size={"height": 64, "width": 64}),
-    "clip-224": CLIPImageProcessorPil(),
-    "clip-336": CLIPImageProcessorPil(size={"shortest_edge": 336}, crop_size={"height": 336, "width": 336}),
-    "siglip-224": SiglipImageProcessorPil(),
-    "siglip-384": SiglipImageProcessorPil(size={"height": 384, "width": 384}),
+# The bench's tiny CLIP (bench/infinity/make_clip.py), OpenAI CLIP at 224 and 336, SigLIP at 224 and 384:
+# (PIL class, torchvision class, settings).
+FIXED_SETTINGS: dict[str, tuple[type, type, dict[str, Any]]] = {
+    "clip-tiny-64": (
+        CLIPImageProcessorPil,
+        CLIPImageProcessor,
+        {"size": {"shortest_edge": 64}, "crop_size": {"height": 64, "width": 64}},
+    ),
+    "clip-224": (CLIPImageProcessorPil, CLIPImageProcessor, {}),
+    "clip-336": (
+        CLIPImageProcessorPil,
+        CLIPImageProcessor,
+        {"size": {"shortest_edge": 336}, "crop_size": {"height": 336, "width": 336}},
+    ),
+    "siglip-224": (SiglipImageProcessorPil, SiglipImageProcessor, {}),
+    "siglip-384": (SiglipImageProcessorPil, SiglipImageProcessor, {"size": {"height": 384, "width": 384}}),
 }
 # The mid bench checkpoint's processor (bench/checkpoints.py: 392x392 shrinks to 336x336) and the
 # Qwen2-VL defaults (up to 28*28*1280 pixels: most images keep about their size).
-DYNAMIC_SETTINGS: dict[str, Any] = {
-    "qwen2-vl-mid": Qwen2VLImageProcessorPil(size={"shortest_edge": 56 * 56, "longest_edge": 336 * 336}),
-    "qwen2-vl-defaults": Qwen2VLImageProcessorPil(),
+DYNAMIC_SETTINGS: dict[str, tuple[type, type, dict[str, Any]]] = {
+    "qwen2-vl-mid": (
+        Qwen2VLImageProcessorPil,
+        Qwen2VLImageProcessor,
+        {"size": {"shortest_edge": 56 * 56, "longest_edge": 336 * 336}},
+    ),
+    "qwen2-vl-defaults": (Qwen2VLImageProcessorPil, Qwen2VLImageProcessor, {}),
+}
+FAST_PATHS: dict[str, tuple[type[VerifiedPreprocessor], type[VerifiedPreprocessor]]] = {
+    "fixed": (FixedResolutionPreprocessor, TorchvisionFixedResolutionPreprocessor),
+    "dynamic": (DynamicResolutionPreprocessor, TorchvisionDynamicResolutionPreprocessor),
 }
 
 
@@ -86,15 +111,23 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=64)
     parser.add_argument("--size", default="320x240", help="CLIP and SigLIP images")
     parser.add_argument("--qwen-sizes", default="392x392,640x480", help="Qwen2-VL images, comma-separated")
+    parser.add_argument("--backends", default="pil,torchvision", help="pil, torchvision or both")
     args = parser.parse_args()
-    images = decoded_jpegs(args.images, args.size)
-    results: dict[str, Any] = {"image_size": args.size, "images": len(images)}
-    for name, processor in FIXED_SETTINGS.items():
-        results[name] = compare(name, FixedResolutionPreprocessor, processor, images)
-    for size in args.qwen_sizes.split(","):
+    # As the service's preprocessing threads run torch's ops (app/torch_threads.py): the torchvision
+    # processors' float passes would otherwise take a second core that the fast paths do not.
+    torch.set_num_threads(1)
+    backends = [("pil", "torchvision").index(backend) for backend in args.backends.split(",")]
+    runs = [("fixed", FIXED_SETTINGS, args.size)]
+    runs += [("dynamic", DYNAMIC_SETTINGS, size) for size in args.qwen_sizes.split(",")]
+    results: dict[str, Any] = {"fixed_image_size": args.size, "images": args.images}
+    for kind, settings, size in runs:
         images = decoded_jpegs(args.images, size)
-        for name, processor in DYNAMIC_SETTINGS.items():
-            results[f"{name} {size}"] = compare(name, DynamicResolutionPreprocessor, processor, images)
+        for name, (pil_cls, torchvision_cls, kwargs) in settings.items():
+            for backend in backends:
+                processor = (pil_cls, torchvision_cls)[backend](**kwargs)
+                label = f"{name} {size} {('pil', 'torchvision')[backend]}"
+                results[label] = compare(label, FAST_PATHS[kind][backend], processor, images)
+                print(label, json.dumps(results[label]), flush=True)
     print(json.dumps(results, indent=2))
 
 

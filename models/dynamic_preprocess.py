@@ -8,7 +8,14 @@ temporal patch. Here: transformers' own ``smart_resize`` and the same PIL resize
 in patch order (a quarter of the bytes to move), one table lookup per channel, and one copy into the
 output rows that also makes the temporal copies.
 
-The table is exact for the reason :mod:`models.verified_preprocess` gives, and the path serves only
+Its torchvision counterpart (``Qwen2VLImageProcessor``, the default wherever torchvision imports) copies
+the decoded image into channels-first planes, resizes them with torch's uint8 antialiased kernel (which
+works channels-last and turns them back), rescales and normalises the whole image in float32 and then
+patchifies it as the PIL one does. Here: the processor's own ``resize`` on a channels-first *view* of the
+decoded pixels, then the same patch order and table lookup as above, the table filled by the
+processor's own fused rescale-and-normalise.
+
+The table is exact for the reason :mod:`models.verified_preprocess` gives, and a path serves only
 after it matched the processor bit for bit on probe images, these settings' own among them (one
 below min_pixels, one past max_pixels, one holding every byte at a size the resize keeps); otherwise
 :meth:`~VerifiedPreprocessor.verified` returns ``None`` and transformers' processor serves.
@@ -17,6 +24,7 @@ below min_pixels, one past max_pixels, one holding every byte at a size the resi
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import numpy as np
@@ -26,6 +34,7 @@ from transformers import Qwen2VLImageProcessorPil
 from transformers.image_processing_backends import PilBackend
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
+from mmencode.models.optional import torchvision_problem
 from mmencode.models.verified_preprocess import (
     UnsupportedSettings,
     VerifiedPreprocessor,
@@ -34,10 +43,11 @@ from mmencode.models.verified_preprocess import (
     noise_probe,
     pil_resample,
     require_own_steps,
+    torchvision_value_table,
     value_table,
 )
 
-__all__ = ["DynamicResolutionPreprocessor"]
+__all__ = ["DynamicResolutionPreprocessor", "TorchvisionDynamicResolutionPreprocessor"]
 
 # The steps whose behaviour the fast path reproduces: the Qwen2-VL class's own resize and patches, and
 # PilBackend's way from an input image to the channels-first array they receive.
@@ -50,6 +60,15 @@ _REPLICATED_STEPS: dict[str, type] = {
         PilBackend,
     ),
 }
+# The same for the torchvision processor (its class's resize called, the rest replaced); its resize calls
+# TorchvisionBackend's, which only the exact class guarantees.
+_TORCHVISION_CLASS_STEPS = ("preprocess", "_standardize_kwargs", "_preprocess", "resize", "patchify")
+_TORCHVISION_BACKEND_STEPS = (
+    "_preprocess_image_like_inputs", "_prepare_image_like_inputs", "process_image", "rescale_and_normalize",
+)  # fmt: skip
+# The decoded image's array is read-only (Pillow hands its bytes over); torch warns on wrapping it, but
+# nothing here writes to it: the resize allocates its output.
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable", module=__name__)
 # A probe past max_pixels costs the processor about as long as a real image that size (a 4096x4096
 # image: seconds at load). Above this many pixels the downscaling probe is left out: that branch only
 # changes the size transformers' own smart_resize returns, and the other probes cover the PIL resize.
@@ -62,6 +81,13 @@ class DynamicResolutionPreprocessor(VerifiedPreprocessor):
     def __init__(self, processor: Any) -> None:
         require_own_steps(processor, (Qwen2VLImageProcessorPil,), _REPLICATED_STEPS)
         settings = effective_settings(processor)
+        self._read_grid(settings)
+        self.resample = pil_resample(settings)
+        # float32 as patchify casts whatever rescale/normalize return (uint8 when both are off).
+        self._lut = np.asarray(value_table(processor, settings), dtype=np.float32)
+
+    def _read_grid(self, settings: dict[str, Any]) -> None:
+        """The resize's pixel bounds and the patch grid, from settings both backends name alike."""
         if not settings.get("do_resize"):
             raise UnsupportedSettings("do_resize is false (images keep their own sizes)")
         size = settings["size"]
@@ -76,9 +102,6 @@ class DynamicResolutionPreprocessor(VerifiedPreprocessor):
         self.patch_size, self.merge_size = int(settings["patch_size"]), int(settings["merge_size"])
         self.temporal_patch_size = int(settings["temporal_patch_size"])
         self.factor = self.patch_size * self.merge_size
-        self.resample = pil_resample(settings)
-        # float32 as patchify casts whatever rescale/normalize return (uint8 when both are off).
-        self._lut = np.asarray(value_table(processor, settings), dtype=np.float32)
         self._table_probe_side = self._unchanged_square_side()
 
     def output_size(self, width: int, height: int) -> tuple[int, int]:
@@ -98,24 +121,28 @@ class DynamicResolutionPreprocessor(VerifiedPreprocessor):
         height, width = self.output_size(image.width, image.height)
         # PilBackend resizes even to the same size (PIL then copies): the same call either way.
         pixels = np.asarray(image.resize((width, height), resample=self.resample))
-        patch, merge, temporal = self.patch_size, self.merge_size, self.temporal_patch_size
-        grid_h, grid_w = height // patch, width // patch
+        patch, merge = self.patch_size, self.merge_size
         # patchify's order, (gh/m, gw/m, m, m, C, P, P), taken from (H, W, C) while still one byte a value,
         # with the channel first so that each channel's lookups write one contiguous run: into a strided
         # output np.take buffers every write, ~2x slower over a whole image.
-        blocks = pixels.reshape(grid_h // merge, merge, patch, grid_w // merge, merge, patch, 3)
-        by_channel = np.ascontiguousarray(blocks.transpose(6, 0, 3, 1, 4, 2, 5)).reshape(3, -1, patch, patch)
-        values = np.empty(by_channel.shape, dtype=np.float32)
+        blocks = pixels.reshape(height // self.factor, merge, patch, width // self.factor, merge, patch, 3)
+        return self._patch_rows(blocks.transpose(6, 0, 3, 1, 4, 2, 5), height, width)
+
+    def _patch_rows(self, by_channel: np.ndarray, height: int, width: int) -> dict[str, torch.Tensor]:
+        """The outputs from resized bytes in patch order, channel first: (C, gh/m, gw/m, m, m, P, P)."""
+        patch, temporal = self.patch_size, self.temporal_patch_size
+        by_channel = np.ascontiguousarray(by_channel).reshape(3, -1, patch, patch)
+        values = np.empty(by_channel.shape, dtype=self._lut.dtype)
         for channel in range(3):
             # mode="clip" skips the bounds check's buffering; a uint8 index is always inside the 256 entries.
             np.take(self._lut[channel], by_channel[channel], out=values[channel], mode="clip")
         count = by_channel.shape[1]
-        out = np.empty((count, 3, temporal, patch, patch), dtype=np.float32)
+        out = np.empty((count, 3, temporal, patch, patch), dtype=self._lut.dtype)
         # One copy puts the channel after the patch and repeats the still image over the temporal patch.
         out[...] = values.transpose(1, 0, 2, 3)[:, :, None]
         return {
             "pixel_values": torch.from_numpy(out.reshape(count, -1)),
-            "image_grid_thw": torch.tensor([[1, grid_h, grid_w]], dtype=torch.int64),
+            "image_grid_thw": torch.tensor([[1, height // patch, width // patch]], dtype=torch.int64),
         }
 
     def outputs(self, image: Image.Image) -> dict[str, torch.Tensor] | None:
@@ -143,3 +170,37 @@ class DynamicResolutionPreprocessor(VerifiedPreprocessor):
         raise UnsupportedSettings(
             f"no square image the resize leaves unchanged (min_pixels={self.min_pixels}, max_pixels={self.max_pixels})"
         )
+
+
+class TorchvisionDynamicResolutionPreprocessor(DynamicResolutionPreprocessor):
+    """The same for the torchvision processor: its own resize on a view of the decoded pixels, no float image."""
+
+    def __init__(self, processor: Any) -> None:
+        if torchvision_problem() is not None:
+            raise UnsupportedSettings("torchvision is not importable")
+        from transformers import Qwen2VLImageProcessor
+        from transformers.image_processing_backends import TorchvisionBackend
+
+        steps: dict[str, type] = {
+            **dict.fromkeys(_TORCHVISION_CLASS_STEPS, Qwen2VLImageProcessor),
+            **dict.fromkeys(_TORCHVISION_BACKEND_STEPS, TorchvisionBackend),
+        }
+        require_own_steps(processor, (Qwen2VLImageProcessor,), steps)
+        settings = effective_settings(processor)
+        self._read_grid(settings)
+        self._processor, self._size, self._resample = processor, settings["size"], settings.get("resample")
+        # float32 as rescale_and_normalize gives it (patchify keeps the dtype).
+        self._lut = torchvision_value_table(processor, settings)
+
+    def __call__(self, image: Image.Image) -> dict[str, torch.Tensor] | None:
+        """As :meth:`DynamicResolutionPreprocessor.__call__`."""
+        if image.mode != "RGB" or image.info.get("transparency") is not None:
+            return None
+        planes = torch.from_numpy(np.asarray(image)).permute(2, 0, 1)  # a view: channels-last in memory
+        # The processor's own resize: its smart_resize, then the same kernel call, even to the same size.
+        resized = self._processor.resize(planes, size=self._size, resample=self._resample, factor=self.factor)
+        _, height, width = resized.shape
+        patch, merge = self.patch_size, self.merge_size
+        pixels = resized.numpy()  # (C, H, W), whatever the kernel's strides
+        blocks = pixels.reshape(3, height // self.factor, merge, patch, width // self.factor, merge, patch)
+        return self._patch_rows(blocks.transpose(0, 1, 4, 2, 5, 3, 6), height, width)

@@ -41,6 +41,7 @@ from mmencode.models.verified_preprocess import (
     pil_resample,
     probe_images,
     require_own_steps,
+    torchvision_value_table,
     value_table,
 )
 
@@ -168,7 +169,7 @@ class TorchvisionFixedResolutionPreprocessor(VerifiedPreprocessor):
         if settings.get("do_center_crop") and not (crop and crop.height and crop.width):
             raise UnsupportedSettings(f"crop_size={crop!r} has no height and width")
         self._processor, self._size, self._resample, self._crop = processor, size, settings.get("resample"), crop
-        self._lut = _torchvision_value_table(processor, settings)
+        self._lut = torchvision_value_table(processor, settings)
 
     def __call__(self, image: Image.Image) -> torch.Tensor | None:
         """``pixel_values`` of shape (1, 3, H, W), or ``None`` for an image to leave to transformers
@@ -192,19 +193,3 @@ class TorchvisionFixedResolutionPreprocessor(VerifiedPreprocessor):
     def own_probes(self) -> list[Image.Image]:
         height, width = self._probe_size  # the resize leaves an image of its output size as it is
         return [byte_ramp_image(width, height)]
-
-
-def _torchvision_value_table(processor: Any, settings: Mapping[str, Any]) -> np.ndarray:
-    """(3, 256): the processor's own fused rescale-and-normalise of every byte of every channel."""
-    ramp = torch.arange(256, dtype=torch.uint8).expand(1, 3, 1, 256).contiguous()  # a batch, as _preprocess has
-    values = processor.rescale_and_normalize(
-        ramp,
-        settings.get("do_rescale"),
-        settings.get("rescale_factor"),
-        settings.get("do_normalize"),
-        settings.get("image_mean"),
-        settings.get("image_std"),
-    )
-    if tuple(values.shape) != (1, 3, 1, 256):
-        raise UnsupportedSettings(f"rescale_and_normalize changed the shape to {tuple(values.shape)}")
-    return np.ascontiguousarray(values[0, :, 0, :].numpy())

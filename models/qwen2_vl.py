@@ -20,7 +20,7 @@ from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransforme
 from transformers.video_utils import VideoMetadata
 
 from mmencode.models.base import DecodedVideo, EncoderAdapter, EncoderOutput, PreparedImage, VideoSampling
-from mmencode.models.dynamic_preprocess import DynamicResolutionPreprocessor
+from mmencode.models.dynamic_preprocess import DynamicResolutionPreprocessor, TorchvisionDynamicResolutionPreprocessor
 from mmencode.models.errors import MetadataError, UnsupportedModalityError
 from mmencode.models.sglang_video import SGLANG_FPS, sglang_frame_indices, sglang_resize_frames
 
@@ -42,7 +42,12 @@ class Qwen2VLAdapter(EncoderAdapter):
         # Fewer passes over the pixels, used only once it matched this checkpoint's processor bit for
         # bit on probe images (see models.dynamic_preprocess); otherwise transformers' processor, as
         # for the subclasses whose processors are other classes (GLM-4.1V, Kimi).
-        self.fast_preprocessor = DynamicResolutionPreprocessor.verified(self.processor, label=f"{self.family} encoder")
+        fast: type[DynamicResolutionPreprocessor] = (
+            TorchvisionDynamicResolutionPreprocessor
+            if self.image_processor_backend == "torchvision"
+            else DynamicResolutionPreprocessor
+        )
+        self.fast_preprocessor = fast.verified(self.processor, label=f"{self.family} encoder")
 
     @property
     def hidden_size(self) -> int:

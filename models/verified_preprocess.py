@@ -35,6 +35,7 @@ __all__ = [
     "probe_images",
     "require_own_steps",
     "same_outputs",
+    "torchvision_value_table",
     "value_table",
 ]
 
@@ -154,6 +155,22 @@ def value_table(processor: Any, settings: Mapping[str, Any]) -> np.ndarray:
     if values.shape != (3, 1, 256):
         raise UnsupportedSettings(f"rescale/normalize changed the shape to {values.shape}")
     return np.ascontiguousarray(values[:, 0, :])
+
+
+def torchvision_value_table(processor: Any, settings: Mapping[str, Any]) -> np.ndarray:
+    """(3, 256): a torchvision processor's own fused rescale-and-normalise of every byte of every channel."""
+    ramp = torch.arange(256, dtype=torch.uint8).expand(1, 3, 1, 256).contiguous()  # a batch, as _preprocess has
+    values = processor.rescale_and_normalize(
+        ramp,
+        settings.get("do_rescale"),
+        settings.get("rescale_factor"),
+        settings.get("do_normalize"),
+        settings.get("image_mean"),
+        settings.get("image_std"),
+    )
+    if tuple(values.shape) != (1, 3, 1, 256):
+        raise UnsupportedSettings(f"rescale_and_normalize changed the shape to {tuple(values.shape)}")
+    return np.ascontiguousarray(values[0, :, 0, :].numpy())
 
 
 def byte_ramp_image(width: int, height: int) -> Image.Image:

@@ -1,4 +1,5 @@
-"""The fast preprocessing path of the Qwen2-VL processor gives transformers' exact outputs, or is not used."""
+"""The fast preprocessing paths of the Qwen2-VL processors (PIL and torchvision) give transformers' exact
+outputs, or are not used."""
 
 from __future__ import annotations
 
@@ -12,16 +13,28 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from transformers import CLIPImageProcessorPil, Glm4vImageProcessorPil, Qwen2VLImageProcessorPil
+from transformers import (
+    CLIPImageProcessorPil,
+    Glm4vImageProcessor,
+    Glm4vImageProcessorPil,
+    Qwen2VLImageProcessor,
+    Qwen2VLImageProcessorPil,
+)
 
 import mmencode.models.dynamic_preprocess as dynamic_preprocess
 from mmencode.models import load_encoder
-from mmencode.models.dynamic_preprocess import DynamicResolutionPreprocessor
+from mmencode.models.dynamic_preprocess import DynamicResolutionPreprocessor, TorchvisionDynamicResolutionPreprocessor
+from mmencode.models.processor_backend import Backend
 from tests.helpers import noise_image, preprocessing_images, transparent_rgb_image
 
 CPU = torch.device("cpu")
-# The fast paths stand in for the PIL processors; on the torchvision backend they step aside.
-PIL: dict[str, Any] = {"image_processor_backend": "pil"}
+# Each backend's processor class and the fast path that stands in for it.
+PROCESSOR_OF: dict[str, type] = {"pil": Qwen2VLImageProcessorPil, "torchvision": Qwen2VLImageProcessor}
+FAST_PATH_OF: dict[str, type[DynamicResolutionPreprocessor]] = {
+    "pil": DynamicResolutionPreprocessor,
+    "torchvision": TorchvisionDynamicResolutionPreprocessor,
+}
+BACKENDS = ["pil", "torchvision"]
 CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
 CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
 
@@ -79,8 +92,8 @@ def _images() -> list[Image.Image]:
 IMAGES = _images()
 
 
-def _processor(settings: dict[str, Any]) -> Qwen2VLImageProcessorPil:
-    return Qwen2VLImageProcessorPil.from_dict(settings)
+def _processor(settings: dict[str, Any], backend: str = "pil") -> Any:
+    return PROCESSOR_OF[backend].from_dict(settings)
 
 
 def _reference(processor: Any, image: Image.Image) -> Mapping[str, torch.Tensor]:
@@ -107,22 +120,30 @@ def _assert_same(got: Any, expected: Any, image: Image.Image) -> None:
         assert torch.equal(got[key][2], value), (key, image.size)
 
 
+# Filters torchvision does not have: transformers' own torchvision processor cannot run them either.
+NOT_IN_TORCHVISION = {"box", "hamming"}
+
+
 # Each setting takes about a second here: the fast selection checks the defaults, make test all of them.
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(
     "name", [name if name == "qwen2-vl-defaults" else pytest.param(name, marks=pytest.mark.slow) for name in SETTINGS]
 )
-def test_fast_path_is_bit_identical_to_transformers(name: str) -> None:
-    processor = _processor(SETTINGS[name])
-    fast = DynamicResolutionPreprocessor.verified(processor)
+def test_fast_path_is_bit_identical_to_transformers(name: str, backend: str) -> None:
+    if backend == "torchvision" and name in NOT_IN_TORCHVISION:
+        pytest.skip(f"torchvision has no {name} filter")
+    processor = _processor(SETTINGS[name], backend)
+    fast = FAST_PATH_OF[backend].verified(processor)
     assert fast is not None
     for image in IMAGES:
         _assert_same(_outcome(fast, image), _outcome(lambda i: _reference(processor, i), image), image)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("size", [(201, 1), (1, 250), (9000, 40)])
-def test_an_aspect_ratio_past_200_fails_with_transformers_error(size: tuple[int, int]) -> None:
-    processor = _processor(SETTINGS["qwen2-vl-defaults"])
-    fast = DynamicResolutionPreprocessor.verified(processor)
+def test_an_aspect_ratio_past_200_fails_with_transformers_error(size: tuple[int, int], backend: str) -> None:
+    processor = _processor(SETTINGS["qwen2-vl-defaults"], backend)
+    fast = FAST_PATH_OF[backend].verified(processor)
     assert fast is not None
     image = noise_image(*size, seed=5)
     with pytest.raises(ValueError, match="aspect ratio must be smaller than 200") as fast_error:
@@ -165,6 +186,17 @@ def _patched_instance() -> Qwen2VLImageProcessorPil:
     return processor
 
 
+class _TorchvisionResizeSubclass(Qwen2VLImageProcessor):
+    def resize(self, images: Any, size: Any, resample: Any, factor: int, **kwargs: Any) -> Any:
+        return super().resize(images, size, resample, factor, **kwargs)
+
+
+def _patched_torchvision_instance() -> Qwen2VLImageProcessor:
+    processor = Qwen2VLImageProcessor()
+    processor.rescale_and_normalize = processor.rescale_and_normalize  # type: ignore[method-assign]
+    return processor
+
+
 @pytest.mark.parametrize(
     "make",
     [
@@ -196,25 +228,49 @@ def test_unsupported_processors_keep_transformers(make: Callable[[], Any], caplo
     assert "preprocessing with transformers' processor (no fast path" in caplog.text
 
 
-def _one_ulp_off(channel: int, byte: int) -> Callable[[Any, Any], np.ndarray]:
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: Qwen2VLImageProcessor(do_resize=False),
+        lambda: Qwen2VLImageProcessor(size={"shortest_edge": 3136}),
+        _TorchvisionResizeSubclass,
+        _patched_torchvision_instance,
+        Glm4vImageProcessor,
+        Qwen2VLImageProcessorPil,  # the other backend's class: the PIL path's
+    ],
+    ids=["no-resize", "no-max-pixels", "subclass-overrides-resize", "instance-patches-rescale", "glm4v", "pil-class"],
+)
+def test_unsupported_torchvision_processors_keep_transformers(
+    make: Callable[[], Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger=dynamic_preprocess.__name__):
+        assert TorchvisionDynamicResolutionPreprocessor.verified(make()) is None
+    assert "preprocessing with transformers' processor (no fast path" in caplog.text
+
+
+# Each backend's table, by the name the module looks it up under.
+TABLE_OF = {"pil": "value_table", "torchvision": "torchvision_value_table"}
+
+
+def _one_ulp_off_table(backend: str, channel: int, byte: int) -> Callable[[Any, Any], np.ndarray]:
+    real = getattr(dynamic_preprocess, TABLE_OF[backend])
+
     def table(processor: Any, settings: Any) -> np.ndarray:
-        values = _value_table(processor, settings)
+        values = np.array(real(processor, settings))
         values[channel, byte] = np.nextafter(values[channel, byte], np.float32(np.inf))
         return values
 
     return table
 
 
-_value_table = dynamic_preprocess.value_table
-
-
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(("channel", "byte"), [(0, 0), (1, 200), (2, 255)])
 def test_a_table_one_ulp_off_is_rejected(
-    channel: int, byte: int, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    channel: int, byte: int, backend: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(dynamic_preprocess, "value_table", _one_ulp_off(channel, byte))
+    monkeypatch.setattr(dynamic_preprocess, TABLE_OF[backend], _one_ulp_off_table(backend, channel, byte))
     with caplog.at_level(logging.INFO, logger=dynamic_preprocess.__name__):
-        assert DynamicResolutionPreprocessor.verified(_processor(SETTINGS["bench-mid"])) is None
+        assert FAST_PATH_OF[backend].verified(_processor(SETTINGS["bench-mid"], backend)) is None
     assert "differs from transformers'" in caplog.text
 
 
@@ -258,10 +314,13 @@ def test_a_probe_the_processor_refuses_keeps_transformers_instead_of_failing_the
     ],
     ids=["rgb-naming-a-transparent-colour", "rgba", "grey", "palette"],
 )
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_images_not_plain_rgb_take_transformers_path(
-    make: Callable[[], Image.Image], tiny_checkpoint: Callable[..., Path]
+    make: Callable[[], Image.Image], backend: Backend, tiny_checkpoint: Callable[..., Path]
 ) -> None:
-    adapter = load_encoder(tiny_checkpoint("qwen2_vl"), device=CPU, dtype=torch.float32, **PIL)
+    adapter = load_encoder(
+        tiny_checkpoint("qwen2_vl"), device=CPU, dtype=torch.float32, image_processor_backend=backend
+    )
     fast = adapter.fast_preprocessor  # type: ignore[attr-defined]
     assert fast is not None
     image = make()
@@ -272,13 +331,17 @@ def test_images_not_plain_rgb_take_transformers_path(
         assert torch.equal(item.tensors[key], expected[key])
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_wrong_table_at_load_keeps_transformers(
-    tiny_checkpoint: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    backend: Backend,
+    tiny_checkpoint: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    monkeypatch.setattr(dynamic_preprocess, "value_table", _one_ulp_off(1, 128))
+    monkeypatch.setattr(dynamic_preprocess, TABLE_OF[backend], _one_ulp_off_table(backend, 1, 128))
     with caplog.at_level(logging.INFO, logger=dynamic_preprocess.__name__):
         adapter = load_encoder(
-            tiny_checkpoint("qwen2_vl"), device=CPU, dtype=torch.float32, image_processor_backend="pil"
+            tiny_checkpoint("qwen2_vl"), device=CPU, dtype=torch.float32, image_processor_backend=backend
         )
     assert adapter.fast_preprocessor is None  # type: ignore[attr-defined]
     assert "qwen2_vl encoder: the fast preprocessing path differs" in caplog.text
@@ -298,33 +361,27 @@ def test_a_wrong_table_at_load_keeps_transformers(
     ],
     ids=["qwen2_vl", "qwen2_vl-vision", "qwen3_vl", "qwen3_5", "glm4v"],
 )
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_which_checkpoints_take_the_fast_path(
-    family: str, options: dict[str, Any], fast: bool, tiny_checkpoint: Callable[..., Path]
+    family: str, options: dict[str, Any], fast: bool, backend: Backend, tiny_checkpoint: Callable[..., Path]
 ) -> None:
     adapter = load_encoder(
-        tiny_checkpoint(family, **options), device=CPU, dtype=torch.float32, image_processor_backend="pil"
+        tiny_checkpoint(family, **options), device=CPU, dtype=torch.float32, image_processor_backend=backend
     )
-    assert (adapter.fast_preprocessor is not None) is fast  # type: ignore[attr-defined]
+    assert type(adapter.processor) is (PROCESSOR_OF[backend] if fast else type(adapter.processor))
+    if fast:
+        assert type(adapter.fast_preprocessor) is FAST_PATH_OF[backend]  # type: ignore[attr-defined]
+    else:
+        assert adapter.fast_preprocessor is None  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
-def test_the_fast_path_steps_aside_for_the_torchvision_processor(
-    family: str, tiny_checkpoint: Callable[..., Path]
-) -> None:
-    checkpoint = tiny_checkpoint(family)
-    adapter = load_encoder(checkpoint, device=CPU, dtype=torch.float32, image_processor_backend="torchvision")
-    assert adapter.fast_preprocessor is None  # type: ignore[attr-defined]
-    image = IMAGES[0]
-    expected = _reference(adapter.processor, image)
-    assert torch.equal(adapter.preprocess(image).tensors["pixel_values"], expected["pixel_values"])
-
-
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
 def test_served_items_and_rows_are_the_same_with_the_fast_path_off(
-    family: str, tiny_checkpoint: Callable[..., Path]
+    family: str, backend: Backend, tiny_checkpoint: Callable[..., Path]
 ) -> None:
-    adapter = load_encoder(tiny_checkpoint(family), device=CPU, dtype=torch.float32, **PIL)
-    assert adapter.fast_preprocessor is not None  # type: ignore[attr-defined]
+    adapter = load_encoder(tiny_checkpoint(family), device=CPU, dtype=torch.float32, image_processor_backend=backend)
+    assert type(adapter.fast_preprocessor) is FAST_PATH_OF[backend]  # type: ignore[attr-defined]
     images = [noise_image(120, 90, seed=1), noise_image(64, 200, seed=2), noise_image(333, 251, seed=3)]
     fast_items = [adapter.preprocess(image) for image in images]
     adapter.fast_preprocessor = None  # type: ignore[attr-defined]

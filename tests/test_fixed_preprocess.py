@@ -130,7 +130,7 @@ def _one_ulp_off(table: np.ndarray) -> np.ndarray:
     return table
 
 
-@pytest.mark.parametrize(("backend", "table"), [("pil", "value_table"), ("torchvision", "_torchvision_value_table")])
+@pytest.mark.parametrize(("backend", "table"), [("pil", "value_table"), ("torchvision", "torchvision_value_table")])
 def test_a_probe_that_differs_by_one_ulp_keeps_transformers(
     checkpoints: dict[str, Path],
     monkeypatch: pytest.MonkeyPatch,
