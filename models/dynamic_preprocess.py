@@ -189,7 +189,7 @@ class TorchvisionDynamicResolutionPreprocessor(DynamicResolutionPreprocessor):
         settings = effective_settings(processor)
         self._read_grid(settings)
         self._processor, self._size, self._resample = processor, settings["size"], settings.get("resample")
-        # float32 as rescale_and_normalize gives it (patchify keeps the dtype).
+        # In the dtype rescale_and_normalize gives (float32; uint8 with both steps off): patchify keeps it.
         self._lut = torchvision_value_table(processor, settings)
 
     def __call__(self, image: Image.Image) -> dict[str, torch.Tensor] | None:
