@@ -6,8 +6,8 @@ CLIP and SigLIP (``models/fixed_preprocess.py``) on ``--size`` images; the Qwen2
 (``models/dynamic_preprocess.py``, also Qwen2.5-VL's and Qwen3-VL's) on each of ``--qwen-sizes``; each
 with its PIL processor and its torchvision one (``--backends``). Per image, on one thread, JPEGs
 decoded by the service's own ``decode_image`` first (decoding is not timed). Every output of a fast path
-is compared with transformers' (the same keys, dtypes and bits)
-before it is timed; the script stops on any difference.
+is compared with transformers' (the same keys, dtypes and bits) before it is timed; the script stops on
+any difference.
 """
 
 from __future__ import annotations
@@ -36,35 +36,26 @@ from mmencode.models.fixed_preprocess import FixedResolutionPreprocessor, Torchv
 from mmencode.models.verified_preprocess import VerifiedPreprocessor, same_outputs
 
 # The bench's tiny CLIP (bench/infinity/make_clip.py), OpenAI CLIP at 224 and 336, SigLIP at 224 and 384:
-# (PIL class, torchvision class, settings).
-FIXED_SETTINGS: dict[str, tuple[type, type, dict[str, Any]]] = {
-    "clip-tiny-64": (
-        CLIPImageProcessorPil,
-        CLIPImageProcessor,
-        {"size": {"shortest_edge": 64}, "crop_size": {"height": 64, "width": 64}},
-    ),
-    "clip-224": (CLIPImageProcessorPil, CLIPImageProcessor, {}),
-    "clip-336": (
-        CLIPImageProcessorPil,
-        CLIPImageProcessor,
-        {"size": {"shortest_edge": 336}, "crop_size": {"height": 336, "width": 336}},
-    ),
-    "siglip-224": (SiglipImageProcessorPil, SiglipImageProcessor, {}),
-    "siglip-384": (SiglipImageProcessorPil, SiglipImageProcessor, {"size": {"height": 384, "width": 384}}),
+# ({backend: processor class}, settings).
+CLIP = {"pil": CLIPImageProcessorPil, "torchvision": CLIPImageProcessor}
+SIGLIP = {"pil": SiglipImageProcessorPil, "torchvision": SiglipImageProcessor}
+FIXED_SETTINGS: dict[str, tuple[dict[str, type], dict[str, Any]]] = {
+    "clip-tiny-64": (CLIP, {"size": {"shortest_edge": 64}, "crop_size": {"height": 64, "width": 64}}),
+    "clip-224": (CLIP, {}),
+    "clip-336": (CLIP, {"size": {"shortest_edge": 336}, "crop_size": {"height": 336, "width": 336}}),
+    "siglip-224": (SIGLIP, {}),
+    "siglip-384": (SIGLIP, {"size": {"height": 384, "width": 384}}),
 }
 # The mid bench checkpoint's processor (bench/checkpoints.py: 392x392 shrinks to 336x336) and the
 # Qwen2-VL defaults (up to 28*28*1280 pixels: most images keep about their size).
-DYNAMIC_SETTINGS: dict[str, tuple[type, type, dict[str, Any]]] = {
-    "qwen2-vl-mid": (
-        Qwen2VLImageProcessorPil,
-        Qwen2VLImageProcessor,
-        {"size": {"shortest_edge": 56 * 56, "longest_edge": 336 * 336}},
-    ),
-    "qwen2-vl-defaults": (Qwen2VLImageProcessorPil, Qwen2VLImageProcessor, {}),
+QWEN2_VL = {"pil": Qwen2VLImageProcessorPil, "torchvision": Qwen2VLImageProcessor}
+DYNAMIC_SETTINGS: dict[str, tuple[dict[str, type], dict[str, Any]]] = {
+    "qwen2-vl-mid": (QWEN2_VL, {"size": {"shortest_edge": 56 * 56, "longest_edge": 336 * 336}}),
+    "qwen2-vl-defaults": (QWEN2_VL, {}),
 }
-FAST_PATHS: dict[str, tuple[type[VerifiedPreprocessor], type[VerifiedPreprocessor]]] = {
-    "fixed": (FixedResolutionPreprocessor, TorchvisionFixedResolutionPreprocessor),
-    "dynamic": (DynamicResolutionPreprocessor, TorchvisionDynamicResolutionPreprocessor),
+FAST_PATHS: dict[str, dict[str, type[VerifiedPreprocessor]]] = {
+    "fixed": {"pil": FixedResolutionPreprocessor, "torchvision": TorchvisionFixedResolutionPreprocessor},
+    "dynamic": {"pil": DynamicResolutionPreprocessor, "torchvision": TorchvisionDynamicResolutionPreprocessor},
 }
 
 
@@ -116,17 +107,16 @@ def main() -> None:
     # As the service's preprocessing threads run torch's ops (app/torch_threads.py): the torchvision
     # processors' float passes would otherwise take a second core that the fast paths do not.
     torch.set_num_threads(1)
-    backends = [("pil", "torchvision").index(backend) for backend in args.backends.split(",")]
+    backends = args.backends.split(",")
     runs = [("fixed", FIXED_SETTINGS, args.size)]
     runs += [("dynamic", DYNAMIC_SETTINGS, size) for size in args.qwen_sizes.split(",")]
     results: dict[str, Any] = {"fixed_image_size": args.size, "images": args.images}
     for kind, settings, size in runs:
         images = decoded_jpegs(args.images, size)
-        for name, (pil_cls, torchvision_cls, kwargs) in settings.items():
+        for name, (classes, kwargs) in settings.items():
             for backend in backends:
-                processor = (pil_cls, torchvision_cls)[backend](**kwargs)
-                label = f"{name} {size} {('pil', 'torchvision')[backend]}"
-                results[label] = compare(label, FAST_PATHS[kind][backend], processor, images)
+                label = f"{name} {size} {backend}"
+                results[label] = compare(label, FAST_PATHS[kind][backend], classes[backend](**kwargs), images)
                 print(label, json.dumps(results[label]), flush=True)
     print(json.dumps(results, indent=2))
 

@@ -42,6 +42,7 @@ from mmencode.models.verified_preprocess import (
     effective_settings,
     noise_probe,
     pil_resample,
+    plain_rgb,
     require_own_steps,
     torchvision_value_table,
     value_table,
@@ -111,12 +112,8 @@ class DynamicResolutionPreprocessor(VerifiedPreprocessor):
 
     def __call__(self, image: Image.Image) -> dict[str, torch.Tensor] | None:
         """``pixel_values`` (patches, C*T*P*P) and ``image_grid_thw`` [[1, h, w]], or ``None`` for an
-        image to leave to transformers.
-
-        transformers composites an image with transparency over white, even an RGB one that only
-        names a transparent colour: such images take the reference path.
-        """
-        if image.mode != "RGB" or image.info.get("transparency") is not None:
+        image to leave to transformers (one that is not :func:`~models.verified_preprocess.plain_rgb`)."""
+        if not plain_rgb(image):
             return None
         height, width = self.output_size(image.width, image.height)
         # PilBackend resizes even to the same size (PIL then copies): the same call either way.
@@ -194,7 +191,7 @@ class TorchvisionDynamicResolutionPreprocessor(DynamicResolutionPreprocessor):
 
     def __call__(self, image: Image.Image) -> dict[str, torch.Tensor] | None:
         """As :meth:`DynamicResolutionPreprocessor.__call__`."""
-        if image.mode != "RGB" or image.info.get("transparency") is not None:
+        if not plain_rgb(image):
             return None
         planes = torch.from_numpy(np.asarray(image)).permute(2, 0, 1)  # a view: channels-last in memory
         # The processor's own resize: its smart_resize, then the same kernel call, even to the same size.

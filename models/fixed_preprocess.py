@@ -39,6 +39,7 @@ from mmencode.models.verified_preprocess import (
     byte_ramp_image,
     effective_settings,
     pil_resample,
+    plain_rgb,
     probe_images,
     require_own_steps,
     torchvision_value_table,
@@ -97,12 +98,9 @@ class FixedResolutionPreprocessor(VerifiedPreprocessor):
         return (new_long, new_short) if width <= height else (new_short, new_long)
 
     def __call__(self, image: Image.Image) -> torch.Tensor | None:
-        """``pixel_values`` of shape (1, 3, H, W), or ``None`` for an image to leave to transformers.
-
-        transformers composites an image with transparency over white, even an RGB one that only
-        names a transparent colour: such images take the reference path.
-        """
-        if image.mode != "RGB" or image.info.get("transparency") is not None:
+        """``pixel_values`` of shape (1, 3, H, W), or ``None`` for an image to leave to transformers (one
+        that is not :func:`~models.verified_preprocess.plain_rgb`)."""
+        if not plain_rgb(image):
             return None
         height, width = self.output_size(image.width, image.height)
         resized = image.resize((width, height), resample=self.resample)
@@ -174,7 +172,7 @@ class TorchvisionFixedResolutionPreprocessor(VerifiedPreprocessor):
     def __call__(self, image: Image.Image) -> torch.Tensor | None:
         """``pixel_values`` of shape (1, 3, H, W), or ``None`` for an image to leave to transformers
         (one with transparency, as for the PIL path)."""
-        if image.mode != "RGB" or image.info.get("transparency") is not None:
+        if not plain_rgb(image):
             return None
         planes = torch.from_numpy(np.asarray(image)).permute(2, 0, 1)  # a view: channels-last in memory
         resized = self._processor.resize(image=planes, size=self._size, resample=self._resample)

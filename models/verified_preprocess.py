@@ -32,6 +32,7 @@ __all__ = [
     "effective_settings",
     "noise_probe",
     "pil_resample",
+    "plain_rgb",
     "probe_images",
     "require_own_steps",
     "same_outputs",
@@ -133,6 +134,13 @@ def effective_settings(processor: Any) -> dict[str, Any]:
     """The keyword arguments ``preprocess`` resolves from the processor's attributes when none are passed."""
     kwargs = {name: getattr(processor, name, None) for name in processor._valid_kwargs_names}
     return dict(processor._standardize_kwargs(**kwargs))
+
+
+def plain_rgb(image: Image.Image) -> bool:
+    """Whether a fast path may take the image: transformers composites an image with transparency over
+    white, even an RGB one that only names a transparent colour, and converts other modes; such images
+    take the processor's own path."""
+    return image.mode == "RGB" and image.info.get("transparency") is None
 
 
 def pil_resample(settings: Mapping[str, Any]) -> int:

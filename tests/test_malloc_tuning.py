@@ -91,7 +91,7 @@ def test_freed_activations_are_reused_instead_of_faulted_in_again() -> None:
 def test_a_threads_heaps_are_kept_when_its_blocks_are_freed() -> None:
     # A 9 MiB block is 2,304 pages: with glibc's own top pad each of the sixty rounds maps a new heap and
     # faults them all in (~138k here); with the service's, the heap made in the first round is reused.
-    # In the service that was ~3,600 faults per image of the mid tower's forward (bench/README.md, "Allocator").
+    # In the service that was ~3,500 faults per image of the mid tower's forward (bench/README.md, "Allocator").
     assert _page_faults("glibc-top-pad", _THREAD_HEAP_CHURN) > 60_000
     assert _page_faults("tuned", _THREAD_HEAP_CHURN) < 2_304
 
