@@ -79,6 +79,12 @@ class Settings(BaseSettings):
     max_queue: int = Field(
         default=256, ge=1, description="Requests waiting for the encoder (being preprocessed or queued); past it: 503."
     )
+    max_queue_bytes: ByteSize = Field(
+        default=ByteSize(2048 * MiB),
+        ge=1,
+        description="Bytes of preprocessed inputs (pixels, a video's frames) waiting for the encoder or in its "
+        "forward; a request that would pass it: 503 (one request alone always runs).",
+    )
     request_timeout: float = Field(default=60.0, gt=0, description="Seconds before a request answers 504.")
     preprocess_workers: int = Field(
         default_factory=lambda: max(1, os.cpu_count() or 1), ge=1, description="Threads decoding images; default: CPUs."
@@ -123,6 +129,12 @@ class Settings(BaseSettings):
     )
     shared_cache_max_value_bytes: ByteSize = Field(
         default=ByteSize(64 * MiB), ge=1024, description="Larger items are not written to the shared cache (64MiB)."
+    )
+    shared_cache_pending_bytes: ByteSize = Field(
+        default=ByteSize(256 * MiB),
+        ge=0,
+        description="Bytes of values being written to the shared cache in the background; a write past it is "
+        "skipped (counted as backlog), so a slow store never piles up rows in this process.",
     )
     shared_cache_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         default="auto",

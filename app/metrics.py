@@ -41,6 +41,12 @@ class Metrics:
         self.queue_depth = Gauge(
             "mmencode_queue_depth", "Requests waiting for the encoder: being preprocessed or queued.", registry=r
         )
+        self.queue_bytes = Gauge(
+            "mmencode_queue_bytes",
+            "Bytes of preprocessed inputs (pixels, video frames) waiting for the encoder or in its forward "
+            "(--max-queue-bytes).",
+            registry=r,
+        )
         self.batch_items = Histogram(
             "mmencode_batch_items", "Images per encoder forward.", buckets=_BATCH_ITEMS_BUCKETS, registry=r
         )
@@ -68,9 +74,15 @@ class Metrics:
         self.shared_cache_errors = Counter(
             "mmencode_shared_cache_errors",
             "Shared-tier operations that failed and were treated as misses or skipped writes, by operation "
-            "(get, set, decode: an unreadable value, too_large: over the value cap, backlog: too many writes pending).",
+            "(get, set, decode: an unreadable value, too_large: over the value cap, backlog: too many writes or "
+            "bytes pending).",
             ["op"], registry=r,
         )  # fmt: skip
+        self.shared_cache_pending_bytes = Gauge(
+            "mmencode_shared_cache_pending_bytes",
+            "Bytes of values being written to the shared tier in the background (--shared-cache-pending-bytes).",
+            registry=r,
+        )
         self.shared_cache_bytes_written = Counter(
             "mmencode_shared_cache_written_bytes", "Bytes of values written to the shared tier.", registry=r
         )
@@ -120,9 +132,12 @@ class Metrics:
             registry=r,
         )
 
-    def watch(self, *, queue_depth: Callable[[], float], cache_bytes: Callable[[], float]) -> None:
+    def watch(
+        self, *, queue_depth: Callable[[], float], queue_bytes: Callable[[], float], cache_bytes: Callable[[], float]
+    ) -> None:
         """Gauges read at scrape time from their owners."""
         self.queue_depth.set_function(queue_depth)
+        self.queue_bytes.set_function(queue_bytes)
         self.cache_bytes.set_function(cache_bytes)
 
     def render(self) -> bytes:

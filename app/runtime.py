@@ -146,6 +146,7 @@ class Runtime:
         self.metrics.ready.set_function(lambda: 1.0 if self.ready else 0.0)
         self.metrics.watch(
             queue_depth=lambda: float(self.worker.queue_depth if self.worker is not None else 0),
+            queue_bytes=lambda: float(self.worker.queue_bytes if self.worker is not None else 0),
             cache_bytes=lambda: float(self.local_cache.nbytes),
         )
 
@@ -165,6 +166,7 @@ class Runtime:
                 # Until the warm-up has measured the forward's threads; set again below.
                 batch_wait_s=batch_wait_seconds(self.settings.batch_wait_ms, forward_beside_preprocessing=False),
                 max_queue=self.settings.max_queue,
+                max_queue_bytes=self.settings.max_queue_bytes,
                 metrics=self.metrics,
                 gate=self.compute_gate,
             )
@@ -272,6 +274,7 @@ class Runtime:
             store_dtype=store_dtype,
             ttl_s=settings.shared_cache_ttl,
             max_value_bytes=settings.shared_cache_max_value_bytes,
+            max_pending_bytes=settings.shared_cache_pending_bytes,
             timeout_s=settings.shared_cache_timeout,
             metrics=self.metrics,
             executor=self.io_executor,

@@ -50,7 +50,7 @@ from mmencode.app.videos import (
     unpack_frames,
     video_support,
 )
-from mmencode.app.worker import EncoderWorker, QueueFull, Reservation, TokenDrift, WorkerStopped
+from mmencode.app.worker import EncoderWorker, QueueBytesFull, QueueFull, Reservation, TokenDrift, WorkerStopped
 from mmencode.models import EncoderAdapter, MetadataError, PreparedImage
 from mmencode.models.base import Modality, SamplingRule, VideoSampling
 from mmencode.models.errors import UnsupportedModalityError
@@ -520,6 +520,13 @@ class Scheduler:
             return await self.worker.encode(prepared, reservation)
         except WorkerStopped:
             raise NotReady("the encoder worker is not running") from None
+        except QueueBytesFull as full:
+            raise Overloaded(
+                f"the inputs waiting for the encoder hold {full.queued_bytes} bytes; this request's "
+                f"{full.job_bytes} more would pass the limit of {full.max_bytes} (--max-queue-bytes); retry shortly",
+                details={"queue_bytes": full.queued_bytes, "request_bytes": full.job_bytes, "limit": "max_queue_bytes"},
+                headers={"Retry-After": "1"},
+            ) from None
         except TokenDrift as drift:
             per_item = [
                 {

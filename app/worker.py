@@ -26,7 +26,15 @@ from mmencode.app.metrics import Metrics
 from mmencode.app.torch_threads import torch_threads_here
 from mmencode.models import EncoderAdapter, EncoderOutput, PreparedImage
 
-__all__ = ["EncoderWorker", "QueueFull", "Reservation", "TokenDrift", "WorkerStopped"]
+__all__ = [
+    "EncoderWorker",
+    "QueueBytesFull",
+    "QueueFull",
+    "Reservation",
+    "TokenDrift",
+    "WorkerStopped",
+    "prepared_nbytes",
+]
 
 logger = logging.getLogger("mmencode.worker")
 
@@ -76,16 +84,33 @@ class Reservation:
         self.release()
 
 
+class QueueBytesFull(QueueFull):
+    """The prepared inputs already waiting for the encoder hold the byte budget: admission refused."""
+
+    def __init__(self, queued_bytes: int, job_bytes: int, max_bytes: int) -> None:
+        super().__init__(f"{queued_bytes} bytes queued, {job_bytes} more asked, limit {max_bytes}")
+        self.queued_bytes = queued_bytes
+        self.job_bytes = job_bytes
+        self.max_bytes = max_bytes
+
+
 @dataclass(eq=False)
 class _Job:
     items: Sequence[PreparedImage]
     future: asyncio.Future[list[torch.Tensor]]
     reservation: Reservation
     tokens: int = field(init=False)
+    nbytes: int = field(init=False)
     enqueued_at: float = field(default_factory=time.monotonic)
 
     def __post_init__(self) -> None:
         self.tokens = sum(item.num_tokens for item in self.items)
+        self.nbytes = sum(prepared_nbytes(item) for item in self.items)
+
+
+def prepared_nbytes(item: PreparedImage) -> int:
+    """The memory an item's model inputs hold until its forward ends (a video's frames as pixel patches)."""
+    return sum(int(tensor.untyped_storage().nbytes()) for tensor in item.tensors.values())
 
 
 _Outcome = list[torch.Tensor] | BaseException
@@ -100,6 +125,7 @@ class EncoderWorker:
         max_batch_items: int,
         batch_wait_s: float,
         max_queue: int,
+        max_queue_bytes: int | None = None,
         metrics: Metrics | None = None,
         gate: ComputeGate | None = None,
     ) -> None:
@@ -111,7 +137,11 @@ class EncoderWorker:
         self.max_batch_items = max_batch_items
         self.batch_wait_s = batch_wait_s
         self.max_queue = max_queue
-        # Unbounded: reservations (at most max_queue) bound what waits here.
+        # Bytes of model inputs waiting for a forward or in it; None: no budget.
+        self.max_queue_bytes = max_queue_bytes
+        self._queued_bytes = 0
+        # Unbounded in jobs: reservations (at most max_queue) bound what waits here, and max_queue_bytes
+        # what it holds.
         self._queue: asyncio.Queue[_Job] = asyncio.Queue()
         self._reserved = 0
         self._unreserved = asyncio.Event()  # set while no reservation is held
@@ -155,6 +185,11 @@ class EncoderWorker:
         return self._reserved
 
     @property
+    def queue_bytes(self) -> int:
+        """Bytes of model inputs held for the encoder: queued, or in the running forward."""
+        return self._queued_bytes
+
+    @property
     def pending(self) -> int:
         """Requests accepted and not yet answered: waiting or in the running forward."""
         return self._pending
@@ -188,14 +223,20 @@ class EncoderWorker:
     async def encode(
         self, items: Sequence[PreparedImage], reservation: Reservation | None = None
     ) -> list[torch.Tensor]:
-        """Rows for each item, in order. Raises QueueFull, WorkerStopped, TokenDrift or the model's error.
+        """Rows for each item, in order. Raises QueueFull (QueueBytesFull past the byte budget),
+        WorkerStopped, TokenDrift or the model's error.
 
-        Without a ``reservation`` (taken before preprocessing), one is taken now.
+        Without a ``reservation`` (taken before preprocessing), one is taken now. A job alone in the
+        queue is taken whatever its size: the budget bounds what waits beside others, not one request.
         """
         if not self.alive:
             raise WorkerStopped("the encoder worker is not running")
         reservation = reservation or self.reserve()
         job = _Job(items=items, future=asyncio.get_running_loop().create_future(), reservation=reservation)
+        budget = self.max_queue_bytes
+        if budget is not None and self._queued_bytes and self._queued_bytes + job.nbytes > budget:
+            raise QueueBytesFull(self._queued_bytes, job.nbytes, budget)
+        self._queued_bytes += job.nbytes
         self._queue.put_nowait(job)
         self._arrival.set()
         self._pending += 1
@@ -214,7 +255,7 @@ class EncoderWorker:
                 logger.exception("encoder batch failed outside the model")
                 outcomes = [exc] * len(batch)
             for job, outcome in zip(batch, outcomes, strict=True):
-                self._done()
+                self._done(job)
                 if job.future.done():  # the request gave up (deadline or client gone)
                     continue
                 if isinstance(outcome, BaseException):
@@ -256,8 +297,9 @@ class EncoderWorker:
             job.reservation.release()  # out of the queue: its forward begins now
         # Requests that gave up while queued are dropped before any encoder work.
         live = [job for job in batch if not job.future.done()]
-        for _ in range(len(batch) - len(live)):
-            self._done()
+        for job in batch:
+            if job.future.done():
+                self._done(job)
         now = time.monotonic()
         for job in live:
             self.metrics.queue_wait_seconds.observe(now - job.enqueued_at)
@@ -269,8 +311,9 @@ class EncoderWorker:
         if not self._reserved:
             self._unreserved.set()
 
-    def _done(self) -> None:
+    def _done(self, job: _Job) -> None:
         self._pending -= 1
+        self._queued_bytes -= job.nbytes
         self._queue.task_done()
 
     # ----- in the encoder thread -----

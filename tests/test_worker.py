@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from mmencode.app.runtime import Runtime, batch_wait_seconds
-from mmencode.app.worker import EncoderWorker, QueueFull, TokenDrift
+from mmencode.app.worker import EncoderWorker, QueueBytesFull, QueueFull, TokenDrift, prepared_nbytes
 from mmencode.models import EncoderAdapter, EncoderOutput, PreparedImage, load_encoder
 from tests.helpers import live_server, noise_image
 
@@ -120,6 +120,35 @@ async def test_full_queue_refuses_at_once(adapter: EncoderAdapter) -> None:
     recording.gate.set()
     await asyncio.gather(running, queued)
     await worker.drain(5)
+
+
+async def test_the_inputs_waiting_for_the_encoder_stay_within_their_byte_budget(adapter: EncoderAdapter) -> None:
+    """Preprocessed inputs (a video's frames, a large image's patches) are held until their forward ends:
+    past ``max_queue_bytes`` a request is refused, and the gauge's figure is what the items hold."""
+    recording = RecordingAdapter(adapter)
+    recording.gate.clear()
+    items = _prepared(adapter, 3)
+    sizes = [prepared_nbytes(item) for item in items]
+    assert all(size > 0 for size in sizes)
+    worker = _worker(recording, batch_wait_s=0, max_queue_bytes=sizes[0] + sizes[1])
+    worker.start()
+    running = asyncio.ensure_future(worker.encode([items[0]]))
+    await asyncio.sleep(0.1)  # in the forward, stuck in the gate: its inputs are still held
+    queued = asyncio.ensure_future(worker.encode([items[1]]))
+    await asyncio.sleep(0.05)
+    assert worker.queue_bytes == sizes[0] + sizes[1]
+    with pytest.raises(QueueBytesFull) as refused:
+        await worker.encode([items[2]])
+    assert (refused.value.queued_bytes, refused.value.job_bytes) == (sizes[0] + sizes[1], sizes[2])
+    recording.gate.set()
+    await asyncio.gather(running, queued)
+    assert worker.queue_bytes == 0
+    # A request alone is taken whatever its size: the budget bounds what waits beside others.
+    alone = _worker(RecordingAdapter(adapter), batch_wait_s=0, max_queue_bytes=1)
+    alone.start()
+    assert len(await alone.encode(items)) == 3 and alone.queue_bytes == 0
+    await worker.drain(5)
+    await alone.drain(5)
 
 
 async def test_abandoned_requests_never_reach_the_encoder(adapter: EncoderAdapter) -> None:

@@ -38,7 +38,8 @@ class CachedEmbedding:
 
     @property
     def nbytes(self) -> int:
-        return self.rows.numel() * self.rows.element_size()
+        """The memory the rows keep alive: their whole storage (a view would pin all of it)."""
+        return int(self.rows.untyped_storage().nbytes())
 
 
 class LRUEmbeddingCache:

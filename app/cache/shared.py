@@ -87,6 +87,7 @@ class SharedCache:
         metrics: Metrics,
         retry_after_s: float = 1.0,
         max_pending_writes: int = 64,
+        max_pending_bytes: int = 256 << 20,
         executor: Executor | None = None,
     ) -> None:
         self._executor = executor  # large values' (de)serialisation; None: the event loop's default executor
@@ -105,7 +106,12 @@ class SharedCache:
         self.max_value_bytes = max_value_bytes
         self.retry_after_s = retry_after_s
         self.max_pending_writes = max_pending_writes
+        # What background writes hold: the rows (shared with the local tier, or not) and, while a value is
+        # sent, its blob. Counted as the stored bytes of each value, the blob's size.
+        self.max_pending_bytes = max_pending_bytes
+        self._pending_bytes = 0
         self.metrics = metrics
+        metrics.shared_cache_pending_bytes.set_function(lambda: float(self._pending_bytes))
         self._resting_until = 0.0
         self._failing = False
         self._writes: set[asyncio.Task[None]] = set()
@@ -151,22 +157,34 @@ class SharedCache:
         return values
 
     # ----- writes -----
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of the values being written in the background."""
+        return self._pending_bytes
+
     def put(self, content_hash: str, value: CachedEmbedding) -> None:
         """Write in the background: the response never waits for the shared store."""
         if not self.available:
             return
-        if len(self._writes) >= self.max_pending_writes:
-            self.metrics.shared_cache_errors.labels("backlog").inc()
-            return
-        task = asyncio.create_task(self._write(content_hash, value), name="mmencode-shared-cache-write")
-        self._writes.add(task)
-        task.add_done_callback(self._writes.discard)
-
-    async def _write(self, content_hash: str, value: CachedEmbedding) -> None:
         stored_bytes = value.rows.numel() * self.store_dtype.itemsize
         if stored_bytes > self.max_value_bytes:
             self.metrics.shared_cache_errors.labels("too_large").inc()
             return
+        if len(self._writes) >= self.max_pending_writes or self._pending_bytes + stored_bytes > self.max_pending_bytes:
+            self.metrics.shared_cache_errors.labels("backlog").inc()
+            return
+        self._pending_bytes += stored_bytes
+        task = asyncio.create_task(self._write(content_hash, value), name="mmencode-shared-cache-write")
+        self._writes.add(task)
+
+        def finished(task: asyncio.Task[None]) -> None:
+            self._writes.discard(task)
+            self._pending_bytes -= stored_bytes
+
+        task.add_done_callback(finished)
+
+    async def _write(self, content_hash: str, value: CachedEmbedding) -> None:
+        stored_bytes = value.rows.numel() * self.store_dtype.itemsize
         try:
             if stored_bytes > _OFFLOAD_BYTES:
                 blob = await in_executor(self._executor, encode_value, value, self.store_dtype)

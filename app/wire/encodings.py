@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import orjson
+import pybase64
 import torch
 
 from mmencode.app.wire.b64 import encode_ascii
@@ -21,6 +22,7 @@ __all__ = [
     "binary_rows",
     "data_json",
     "embedding_payload",
+    "exact_bytes",
     "little_endian_bytes",
     "npy_bytes",
     "torch_save_bytes",
@@ -56,30 +58,45 @@ def npy_bytes(rows: torch.Tensor, dtype: str) -> bytes:
     return buffer.getvalue()
 
 
+def _base64_source(rows: torch.Tensor, *, encoding_format: str, dtype: str) -> bytes:
+    """The bytes a base64 format carries: raw little-endian rows, ``torch.save`` or ``numpy.save``."""
+    if encoding_format == "npy":
+        return npy_bytes(rows, dtype)
+    cast = rows.to(TORCH_DTYPES[dtype]).contiguous()
+    return torch_save_bytes(cast) if encoding_format == "pt" else little_endian_bytes(cast)
+
+
 def embedding_payload(rows: torch.Tensor, *, encoding_format: str, dtype: str) -> dict[str, Any]:
     """``{"encoding_format", "dtype", "shape", "data"}`` for a float32 ``(rows, width)`` tensor."""
-    cast = rows.to(TORCH_DTYPES[dtype]).contiguous()
     data: Any
-    if encoding_format == "base64":
-        data = encode_ascii(little_endian_bytes(cast))
-    elif encoding_format == "pt":
-        data = encode_ascii(torch_save_bytes(cast))
-    elif encoding_format == "npy":
-        data = encode_ascii(npy_bytes(rows, dtype))
-    else:
+    if encoding_format == "float":
         # The values the requested dtype can hold, written as JSON numbers.
-        data = cast.float().numpy()
+        data = rows.to(TORCH_DTYPES[dtype]).float().numpy()
+    else:
+        data = encode_ascii(_base64_source(rows, encoding_format=encoding_format, dtype=dtype))
     return {"encoding_format": encoding_format, "dtype": dtype, "shape": list(rows.shape), "data": data}
 
 
 def data_json(rows: torch.Tensor, *, encoding_format: str, dtype: str) -> bytes:
     """The JSON text of :func:`embedding_payload`'s ``data``, exactly as orjson writes it in a response.
 
-    Kept whole in the cache beside the rows, it is spliced into later responses as it is
-    (``orjson.Fragment``): a hit neither re-encodes base64 nor re-writes numbers.
+    Kept whole in the response memo beside the rows, it is spliced into later responses as it is
+    (``orjson.Fragment``): a hit neither re-encodes base64 nor re-writes numbers. So it must hold no more
+    memory than its length: ``orjson.dumps`` returns its output buffer as it grew, about 2x the text for
+    numbers and 6-12x for a string (room for escaping it never needed), and the memo, which counts
+    lengths, held 5-6x its budget that way (bench/README.md, "Memory"). A base64 string needs no
+    escaping: it is quoted here directly, in one allocation of its exact size.
     """
-    data = embedding_payload(rows, encoding_format=encoding_format, dtype=dtype)["data"]
-    return orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY)
+    if encoding_format == "float":
+        numbers = embedding_payload(rows, encoding_format=encoding_format, dtype=dtype)["data"]
+        return exact_bytes(orjson.dumps(numbers, option=orjson.OPT_SERIALIZE_NUMPY))
+    encoded = pybase64.b64encode(_base64_source(rows, encoding_format=encoding_format, dtype=dtype))
+    return b"".join((b'"', encoded, b'"'))
+
+
+def exact_bytes(data: bytes) -> bytes:
+    """A copy of ``data`` that owns exactly its length (a buffer that grew keeps its spare capacity)."""
+    return memoryview(data).tobytes()
 
 
 def binary_rows(rows: torch.Tensor, dtype: str) -> torch.Tensor:

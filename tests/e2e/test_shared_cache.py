@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -14,7 +15,9 @@ import pytest
 import redis
 import torch
 
+from mmencode.app.cache import CachedEmbedding, SharedCache
 from mmencode.app.cache.shared import decode_value
+from mmencode.app.metrics import Metrics
 from tests.helpers import LiveServer, assert_error, data_uri, live_server, noise_image, rows_of
 from tests.services import RedisServer, require_binary
 
@@ -206,3 +209,37 @@ def test_items_over_the_value_cap_stay_local(
             time.sleep(0.02)
         assert redis.Redis.from_url(redis_server.url).keys("mmencode:*") == []
         assert_error(_encode(client_b, {"hash": item["hash"]}), 400, "unknown_hash")
+
+
+async def test_writes_to_a_stalled_store_hold_at_most_their_byte_budget(redis_server: RedisServer) -> None:
+    """A store that stops answering (paused) must not pile rows up in the process: background writes hold at
+    most ``max_pending_bytes``, the rest are skipped and counted as backlog, and the gauge says what is held."""
+    metrics = Metrics()
+    value_bytes = 64 * 128 * 4
+    shared = SharedCache(
+        redis_server.url,
+        fingerprint="stall-test",
+        store_dtype=torch.float32,
+        ttl_s=60,
+        max_value_bytes=1 << 20,
+        timeout_s=20,
+        metrics=metrics,
+        max_pending_bytes=3 * value_bytes,
+    )
+    try:
+        assert await shared.get_many(["warm"]) == [None]  # connected before the pause
+        redis_server.pause()
+        for i in range(10):
+            shared.put(f"{i:032x}", CachedEmbedding(torch.randn(64, 128), {}))
+        await asyncio.sleep(0.2)
+        assert shared.pending_bytes == 3 * value_bytes
+        text = metrics.render().decode()
+        assert f"mmencode_shared_cache_pending_bytes {float(3 * value_bytes)}" in text
+        assert 'mmencode_shared_cache_errors_total{op="backlog"} 7.0' in text
+        redis_server.resume()
+        await shared.flush()
+        assert shared.pending_bytes == 0
+        assert redis.Redis.from_url(redis_server.url).exists(shared.key(f"{0:032x}"))
+    finally:
+        redis_server.resume()
+        await shared.aclose()
