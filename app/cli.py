@@ -25,7 +25,7 @@ from mmencode.app.config import Settings, misspelt_security_settings, unknown_en
 from mmencode.models.catalog import CATALOG, TINY_FAMILIES, catalog_text
 
 if TYPE_CHECKING:
-    from mmencode.app.runtime import Runtime
+    from mmencode.app.engine.engine import Runtime
 
 __all__ = ["main", "tuned_for_serving"]
 
@@ -224,15 +224,15 @@ def tuned_for_serving(runtime: Runtime) -> Iterator[None]:
       is frozen, out of every later collection's walk, which paused the event loop 0.2-0.5 s each time;
       unfrozen on exit (the model may be garbage then, in a process that serves again);
     - torch ops in this thread (the event loop's) run serially, as in every thread but the encoder's
-      (app/torch_threads.py); and MKL keeps the thread count each thread is given: ``torch.set_num_threads``
+      (app/engine/threads.py); and MKL keeps the thread count each thread is given: ``torch.set_num_threads``
       turns MKL's dynamic adjustment off (process-wide), and no thread of the service calls it any more;
     - glibc's malloc keeps a forward's large blocks for the next instead of returning them to the OS
-      (app/malloc_tuning.py), for the process's life.
+      (app/process/malloc.py), for the process's life.
     """
     import torch
 
-    from mmencode.app.malloc_tuning import keep_large_blocks_in_heap
-    from mmencode.app.torch_threads import serial_torch_ops
+    from mmencode.app.engine.threads import serial_torch_ops
+    from mmencode.app.process.malloc import keep_large_blocks_in_heap
 
     keep_large_blocks_in_heap()
     torch.set_num_threads(torch.get_num_threads())  # the same count, for its process-wide MKL setting
@@ -252,14 +252,14 @@ def freeze_loaded_objects() -> None:
 
 
 def serve(settings: Settings) -> int:
-    from mmencode.app.openmp_spin import shorten_openmp_spin
+    from mmencode.app.process.openmp import shorten_openmp_spin
 
     shorten_openmp_spin()  # read once, when torch loads its OpenMP runtime: before the imports below
     import uvicorn
 
-    from mmencode.app.main import create_app
-    from mmencode.app.runtime import DRAIN_GRACE_S, Phase
-    from mmencode.app.torch_threads import SerialTorchThreadPool
+    from mmencode.app.engine.engine import DRAIN_GRACE_S, Phase
+    from mmencode.app.engine.threads import SerialTorchThreadPool
+    from mmencode.app.server import create_app
     from mmencode.models import CheckpointError, check_checkpoint
 
     if settings.model is not None:

@@ -1,6 +1,6 @@
 """The one "did you mean ...?" helper: a misspelt name to the name it most likely meant.
 
-Used for ``MMENCODE_*`` variables (app/config.py) and for unknown request fields (app/errors.py).
+Used for ``MMENCODE_*`` variables (app/config.py) and for unknown request fields (app/engine/errors.py).
 """
 
 from __future__ import annotations

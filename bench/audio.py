@@ -28,8 +28,8 @@ import av
 import numpy as np
 import torch
 
-from mmencode.app.audios import AudioLimits, decode_audio
-from mmencode.app.torch_threads import torch_threads_here
+from mmencode.app.engine.threads import torch_threads_here
+from mmencode.app.media.audio import AudioLimits, decode_audio
 from mmencode.models.registry import load_encoder
 from mmencode.models.tiny import build_tiny
 

@@ -43,9 +43,9 @@ from bench.common import (
     service_process,
 )
 from bench.server_times import ServerTimes, gauge_value
-from mmencode.app.images import decode_image
-from mmencode.app.malloc_tuning import keep_large_blocks_in_heap
-from mmencode.app.runtime import resolve_device
+from mmencode.app.engine.engine import resolve_device
+from mmencode.app.media.image import decode_image
+from mmencode.app.process.malloc import keep_large_blocks_in_heap
 from mmencode.models import EncoderAdapter, load_encoder
 from mmencode.models.processor_backend import BackendChoice
 from tests.support import data_uri
@@ -146,7 +146,7 @@ def paired_rounds(
         "bare_forward_share": round(bare_forward_seconds / bare_seconds, 3),
         "service_encoder_busy": round(encoder_seconds / served_seconds, 3),
         "loadgen_nice": loadgen_nice,
-        # What the service's start-up calibration gave its forward (app/cpu_threads.py): one thread for
+        # What the service's start-up calibration gave its forward (app/engine/cpu_threads.py): one thread for
         # the mid tower halves its throughput, and the ratio with it.
         "service_forward_threads": gauge_value(after, "mmencode_cpu_forward_threads"),
     }

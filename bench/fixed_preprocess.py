@@ -30,7 +30,7 @@ from transformers import (
 )
 
 from bench.common import jpeg_images
-from mmencode.app.images import decode_image
+from mmencode.app.media.image import decode_image
 from mmencode.models.dynamic_preprocess import DynamicResolutionPreprocessor, TorchvisionDynamicResolutionPreprocessor
 from mmencode.models.fixed_preprocess import FixedResolutionPreprocessor, TorchvisionFixedResolutionPreprocessor
 from mmencode.models.verified_preprocess import VerifiedPreprocessor, same_outputs
@@ -104,7 +104,7 @@ def main() -> None:
     parser.add_argument("--qwen-sizes", default="392x392,640x480", help="Qwen2-VL images, comma-separated")
     parser.add_argument("--backends", default="pil,torchvision", help="pil, torchvision or both")
     args = parser.parse_args()
-    # As the service's preprocessing threads run torch's ops (app/torch_threads.py): the torchvision
+    # As the service's preprocessing threads run torch's ops (app/engine/threads.py): the torchvision
     # processors' float passes would otherwise take a second core that the fast paths do not.
     torch.set_num_threads(1)
     backends = args.backends.split(",")

@@ -49,10 +49,10 @@ from PIL import Image
 from bench.common import drive, jpeg_images, service
 from bench.server_times import ServerTimes
 from bench.towers import TOWERS, build_tower
-from mmencode.app.images import decode_image
-from mmencode.app.responses import dumps_json
-from mmencode.app.runtime import resolve_device
-from mmencode.app.torch_threads import SerialTorchThreadPool
+from mmencode.app.engine.engine import resolve_device
+from mmencode.app.engine.threads import SerialTorchThreadPool
+from mmencode.app.http.responses import dumps_json
+from mmencode.app.media.image import decode_image
 from mmencode.app.wire.encodings import embedding_payload
 from mmencode.models import load_encoder
 from mmencode.models.base import EncoderAdapter, PreparedImage

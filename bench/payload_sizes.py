@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from mmencode.app.responses import dumps_json
+from mmencode.app.http.responses import dumps_json
 from mmencode.app.wire.encodings import embedding_payload
 from mmencode.models import load_encoder
 from mmencode.models.tiny import build_tiny

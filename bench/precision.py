@@ -14,7 +14,7 @@ import torch
 
 from bench.checkpoints import build_checkpoint
 from bench.common import jpeg_images
-from mmencode.app.images import decode_image
+from mmencode.app.media.image import decode_image
 from mmencode.models import load_encoder
 
 

@@ -18,7 +18,7 @@ from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from transformers import Qwen2VLImageProcessorPil
 
 from bench.common import jpeg_images
-from mmencode.app.images import decode_image
+from mmencode.app.media.image import decode_image
 
 _PROCESSOR = Qwen2VLImageProcessorPil()  # the released checkpoints' defaults
 

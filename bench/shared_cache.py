@@ -22,8 +22,8 @@ import torch
 
 from bench.checkpoints import build_checkpoint
 from bench.common import jpeg_images, percentile, redis_server, service
-from mmencode.app.cache import CachedEmbedding
-from mmencode.app.cache.shared import encode_value
+from mmencode.app.engine.cache import CachedEmbedding
+from mmencode.app.engine.cache.shared import encode_value
 from tests.support import data_uri
 
 

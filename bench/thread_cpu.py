@@ -6,7 +6,7 @@ Drives ``mmencode serve`` (cache off) like the bench's service phase and reads `
 and after. A forward that runs on every core shows as that many threads each busy for about the
 encoder's time, with few voluntary context switches: threads that sleep at the forward's barriers
 instead (thousands of switches, CPU well under the encoder's time) are waiting on each other, which is
-how idle OpenMP teams in other threads showed up (app/torch_threads.py, bench/README.md).
+how idle OpenMP teams in other threads showed up (app/engine/threads.py, bench/README.md).
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ from transformers import Qwen2VLVisionConfig
 
 from bench.checkpoints import qwen2_vl_tower
 from bench.common import jpeg_images, percentile
-from mmencode.app.wire.encode_response import render_encode_response
+from mmencode.app.api.encode.response import render_encode_response
 from tests.support import data_uri, free_port, wait_ready
 
 FORMATS = [

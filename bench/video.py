@@ -31,8 +31,8 @@ import av
 import numpy as np
 import torch
 
-from mmencode.app.errors import PayloadTooLarge
-from mmencode.app.videos import VideoLimits, decode_video
+from mmencode.app.engine.errors import PayloadTooLarge
+from mmencode.app.media.video import VideoLimits, decode_video
 from mmencode.models.base import VideoSampling
 from mmencode.models.registry import load_encoder
 from mmencode.models.tiny import build_tiny

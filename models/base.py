@@ -61,7 +61,7 @@ class DecodedVideo:
 class VideoSampling:
     """Which frames of a clip the video processor keeps, and how: by ``rule``, ``"checkpoint"`` (the
     checkpoint's video processor samples; ``fps`` or ``num_frames`` as transformers' processor call
-    arguments) or ``"sglang"`` (SGLang's own frame choice and frame size, ``models/sglang_video.py``;
+    arguments) or ``"sglang"`` (SGLang's own frame choice and frame size, ``app/peers/sglang/sampling.py``;
     ``fps`` or ``num_frames`` as its video settings). ``None``: the server's default rule."""
 
     fps: float | None = None

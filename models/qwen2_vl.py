@@ -19,10 +19,10 @@ from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTra
 from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
 from transformers.video_utils import VideoMetadata
 
+from mmencode.app.peers.sglang.sampling import SGLANG_FPS, sglang_frame_indices, sglang_resize_frames
 from mmencode.models.base import DecodedVideo, EncoderAdapter, EncoderOutput, PreparedImage, VideoSampling
 from mmencode.models.dynamic_preprocess import DynamicResolutionPreprocessor, TorchvisionDynamicResolutionPreprocessor
 from mmencode.models.errors import MetadataError, UnsupportedModalityError
-from mmencode.models.sglang_video import SGLANG_FPS, sglang_frame_indices, sglang_resize_frames
 
 # A clip that states no frame rate counts at 24 frames a second, as transformers' VideoMetadata and
 # SGLang's encoder count it.

@@ -24,8 +24,8 @@ import uvicorn
 from PIL import Image
 
 from mmencode.app.config import Settings
-from mmencode.app.images import decode_image
-from mmencode.app.main import create_app
+from mmencode.app.media.image import decode_image
+from mmencode.app.server import create_app
 from tests import support
 from tests.support import free_port as free_port  # re-exported: the tests import it from here
 from tests.support import wait_ready as wait_ready

@@ -11,9 +11,9 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import BaseModel
 
-from mmencode.app import errors
+from mmencode.app.engine import errors
 from mmencode.app.config import Settings
-from mmencode.app.main import create_app
+from mmencode.app.server import create_app
 from mmencode.schemas.embeddings import EmbeddingsRequest, EmbeddingsResponse, ModelList
 from mmencode.schemas.encode import EncodeItem, EncodeRequest, EncodeResponse, EncodingFormat, PrecomputedEmbedding
 from mmencode.schemas.errors import ErrorResponse

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmencode.app.errors import InvalidImage, PayloadTooLarge
-from mmencode.app.images import decode_base64_image
+from mmencode.app.engine.errors import InvalidImage, PayloadTooLarge
+from mmencode.app.media.image import decode_base64_image
 
 
 def _reference(text: str) -> bytes:

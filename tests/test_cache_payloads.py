@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from mmencode.app.cache import ResponseMemo
+from mmencode.app.engine.cache import ResponseMemo
 
 PAYLOAD = b"x" * 100
 HELD = sys.getsizeof(PAYLOAD)  # what the payload holds: its bytes and the object's header

@@ -8,8 +8,8 @@ import time
 import pytest
 import torch
 
-from mmencode.app.compute_gate import ComputeGate, GatedThreadPool
-from mmencode.app.runtime import exclusive_forward_on
+from mmencode.app.engine.compute_gate import ComputeGate, GatedThreadPool
+from mmencode.app.engine.engine import exclusive_forward_on
 
 WAIT = 5.0
 

@@ -14,9 +14,9 @@ import pytest
 import torch
 from PIL import Image
 
-from mmencode.app import cpu_threads
-from mmencode.app.cpu_threads import OtherProcessesMeter, choose_forward_threads, measure_forward_threads
-from mmencode.app.worker import EncoderWorker
+from mmencode.app.engine import cpu_threads
+from mmencode.app.engine.cpu_threads import OtherProcessesMeter, choose_forward_threads, measure_forward_threads
+from mmencode.app.engine.worker import EncoderWorker
 from mmencode.models import EncoderAdapter, load_encoder
 
 

@@ -15,8 +15,8 @@ import yaml
 
 from mmencode.app.cli import build_parser
 from mmencode.app.config import Settings
+from mmencode.app.engine.engine import DRAIN_GRACE_S
 from mmencode.app.metrics import Metrics
-from mmencode.app.runtime import DRAIN_GRACE_S
 from tests.services import require_binary
 
 ROOT = Path(__file__).resolve().parents[1]

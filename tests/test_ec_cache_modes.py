@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmencode.app.integrations.vllm import EncoderCacheWriter
 from mmencode.app.metrics import Metrics
+from mmencode.app.peers.vllm.ec_writer import EncoderCacheWriter
 from tests.services import IMAGE_UID, python_as
 
 

@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from mmencode.app.errors import PayloadTooLarge
-from mmencode.app.images import decode_image
+from mmencode.app.engine.errors import PayloadTooLarge
+from mmencode.app.media.image import decode_image
 from tests.helpers import assert_error, data_uri, image_bytes, noise_image
 
 

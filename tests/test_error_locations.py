@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from mmencode.app.errors import ENCODE_LOCATOR, InvalidImage, ItemLocation, PartialPrecomputed, error_object
-from mmencode.app.integrations.sglang import SGLANG_LOCATOR
-from mmencode.app.routes.embeddings import EMBEDDINGS_LOCATOR
+from mmencode.app.api.openai.router import EMBEDDINGS_LOCATOR
+from mmencode.app.engine.errors import ENCODE_LOCATOR, InvalidImage, ItemLocation, PartialPrecomputed, error_object
+from mmencode.app.peers.sglang.bridge import SGLANG_LOCATOR
 
 
 def test_an_item_error_is_named_by_each_front_end() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmencode.app.worker import EncoderWorker, TokenDrift
+from mmencode.app.engine.worker import EncoderWorker, TokenDrift
 from mmencode.models import EncoderAdapter, MetadataError, load_encoder
 from tests.families import FAMILIES, FamilySpec, family_params
 from tests.helpers import noise_image

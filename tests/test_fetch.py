@@ -24,8 +24,8 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 import pytest
 
-from mmencode.app.errors import ImageFetchFailed, PayloadTooLarge, UrlNotAllowed
-from mmencode.app.fetch import ImageFetcher, is_public_address
+from mmencode.app.engine.errors import ImageFetchFailed, PayloadTooLarge, UrlNotAllowed
+from mmencode.app.media.fetch import ImageFetcher, is_public_address
 from tests.helpers import image_bytes, noise_image
 from tests.support import free_port
 

@@ -18,9 +18,12 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
+from mmencode.app.api.chat.forward import UpstreamForwarder
+from mmencode.app.api.chat.request import ChatItemLocator, parse_chat
+from mmencode.app.api.chat.upstreams import Upstream, UpstreamPool
 from mmencode.app.cli import build_parser
 from mmencode.app.config import Settings
-from mmencode.app.errors import (
+from mmencode.app.engine.errors import (
     ModelNotFound,
     UnsupportedParameter,
     UpstreamFailed,
@@ -28,11 +31,8 @@ from mmencode.app.errors import (
     UpstreamUnavailable,
     ValidationFailed,
 )
-from mmencode.app.frontdoor.chat_request import ChatItemLocator, parse_chat
-from mmencode.app.frontdoor.forward import UpstreamForwarder
-from mmencode.app.frontdoor.upstreams import Upstream, UpstreamPool
-from mmencode.app.main import create_app
 from mmencode.app.metrics import Metrics
+from mmencode.app.server import create_app
 from tests.helpers import asgi_client
 
 # ----- settings -----

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
-from mmencode.app.errors import InvalidImage, PayloadTooLarge
-from mmencode.app.images import decode_base64_image, decode_image
+from mmencode.app.engine.errors import InvalidImage, PayloadTooLarge
+from mmencode.app.media.image import decode_base64_image, decode_image
 from tests.helpers import noise_image
 
 RAW = bytes(range(256)) * 40

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from mmencode.app.routes.json_body import JiterRequest
+from mmencode.app.http.json_body import JiterRequest
 
 BODIES = [
     b'{"model": "m", "input": ["data:image/png;base64,iVBORw0KGgo="], "dimensions": null}',

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mmencode.app.malloc_tuning import keep_large_blocks_in_heap
+from mmencode.app.process.malloc import keep_large_blocks_in_heap
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,7 +23,7 @@ glibc_only = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallo
 _FORWARD_LIKE = """
 import resource, sys
 import torch
-from mmencode.app.malloc_tuning import keep_large_blocks_in_heap
+from mmencode.app.process.malloc import keep_large_blocks_in_heap
 if sys.argv[1] == "tuned":
     assert keep_large_blocks_in_heap()
 def forward_like():
@@ -44,7 +44,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 # page faults the sixty cost that thread.
 _THREAD_HEAP_CHURN = """
 import ctypes, resource, sys, threading
-from mmencode.app.malloc_tuning import keep_large_blocks_in_heap
+from mmencode.app.process.malloc import keep_large_blocks_in_heap
 libc = ctypes.CDLL(None)
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]

@@ -9,8 +9,8 @@ import tracemalloc
 import pytest
 import torch
 
-from mmencode.app.cache import CachedEmbedding, LRUEmbeddingCache, ResponseMemo
-from mmencode.app.wire.encode_response import render_encode_response
+from mmencode.app.api.encode.response import render_encode_response
+from mmencode.app.engine.cache import CachedEmbedding, LRUEmbeddingCache, ResponseMemo
 
 ITEMS = 200
 

@@ -1,4 +1,4 @@
-"""``mmencode serve``'s OpenMP threads stop spinning soon after a forward (app/openmp_spin.py).
+"""``mmencode serve``'s OpenMP threads stop spinning soon after a forward (app/process/openmp.py).
 
 Measured in fresh interpreters, since libgomp reads its spin count once, when torch loads it: a parallel
 op on two threads, then a sleep, ten times; the process's CPU time during the sleeps is the team spinning.
@@ -12,11 +12,11 @@ import sys
 
 import pytest
 
-from mmencode.app.openmp_spin import shorten_openmp_spin
+from mmencode.app.process.openmp import shorten_openmp_spin
 
 _SPIN_AFTER_A_PARALLEL_OP = """
 import time
-from mmencode.app.openmp_spin import shorten_openmp_spin
+from mmencode.app.process.openmp import shorten_openmp_spin
 shorten_openmp_spin()
 import torch
 torch.set_num_threads(2)

@@ -117,7 +117,7 @@ def test_an_sdist_builds_and_its_wheel_holds_the_same_package(tmp_path: Path) ->
     user = tmp_path / "user"
     user.mkdir()
     (user / "app.py").write_text("raise SystemExit('the user app was imported by mmencode')\n")
-    code = "import mmencode, mmencode.app.main; print(mmencode.__version__, mmencode.app.main.__file__)"
+    code = "import mmencode, mmencode.app.server; print(mmencode.__version__, mmencode.app.server.__file__)"
     result = subprocess.run(
         [sys.executable, "-I", "-c", f"import sys; sys.path[:0] = [{str(target)!r}, {str(user)!r}]; {code}"],
         cwd=user, capture_output=True, text=True,

@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 from PIL import Image
 from pydantic import ValidationError
 
-from mmencode.app.errors import InvalidImage, PayloadTooLarge, ServiceError
-from mmencode.app.images import decode_base64_image, decode_image
-from mmencode.app.precomputed import decode_precomputed
+from mmencode.app.engine.errors import InvalidImage, PayloadTooLarge, ServiceError
+from mmencode.app.engine.precomputed import decode_precomputed
+from mmencode.app.media.image import decode_base64_image, decode_image
 from mmencode.schemas.encode import EncodeRequest, PrecomputedEmbedding
 
 BOUNDED = settings(

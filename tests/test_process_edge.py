@@ -22,8 +22,8 @@ from fastapi import FastAPI
 
 from mmencode.app.cli import tuned_for_serving
 from mmencode.app.config import Settings
-from mmencode.app.main import create_app
-from mmencode.app.runtime import Phase, Runtime
+from mmencode.app.engine.engine import Phase, Runtime
+from mmencode.app.server import create_app
 
 T = TypeVar("T")
 
@@ -86,7 +86,7 @@ def test_two_apps_in_one_process_leave_its_gc_executor_and_threads_alone(
 def test_serve_tunes_its_process(checkpoints: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     frozen_before = gc.get_freeze_count()
     malloc_tuned: list[bool] = []
-    monkeypatch.setattr("mmencode.app.malloc_tuning.keep_large_blocks_in_heap", lambda: malloc_tuned.append(True))
+    monkeypatch.setattr("mmencode.app.process.malloc.keep_large_blocks_in_heap", lambda: malloc_tuned.append(True))
     app = create_app(_settings(checkpoints["qwen2_vl"], tmp_path))
     runtime: Runtime = app.state.runtime
 
@@ -104,7 +104,7 @@ def test_serve_tunes_its_process(checkpoints: dict[str, Path], tmp_path: Path, m
     assert frozen_when_ready > frozen_before  # what loading left alive is out of GC's walk
     assert loop_threads == 1  # the event loop's thread runs torch ops serially
     assert gc.get_freeze_count() == 0  # unfrozen when serving ends
-    assert malloc_tuned == [True]  # glibc's thresholds set (app/malloc_tuning.py; their effect: test_malloc_tuning.py)
+    assert malloc_tuned == [True]  # glibc's thresholds set (app/process/malloc.py; their effect: test_malloc_tuning.py)
 
 
 def test_building_a_tiny_checkpoint_leaves_the_global_rng_alone(tmp_path: Path) -> None:
@@ -122,7 +122,7 @@ def test_serving_a_model_directory_never_imports_the_tiny_checkpoint_builder(tmp
     code = (
         "import sys\n"
         "from mmencode.app.config import Settings\n"
-        "from mmencode.app.main import create_app\n"
+        "from mmencode.app.server import create_app\n"
         f"create_app(Settings(model={str(tmp_path)!r}))\n"
         "print(sorted(name for name in sys.modules if name.startswith('mmencode.models.tiny')))\n"
     )

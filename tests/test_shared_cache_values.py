@@ -6,8 +6,8 @@ import pytest
 import safetensors.torch
 import torch
 
-from mmencode.app.cache import CachedEmbedding
-from mmencode.app.cache.shared import decode_value, encode_value
+from mmencode.app.engine.cache import CachedEmbedding
+from mmencode.app.engine.cache.shared import decode_value, encode_value
 
 METADATA = {"image_grid_thw": [1, 4, 6]}
 

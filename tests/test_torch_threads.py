@@ -18,8 +18,8 @@ import httpx
 import pytest
 import torch
 
-from mmencode.app.runtime import Runtime
-from mmencode.app.torch_threads import SerialTorchThreadPool, in_executor, serial_torch_ops, torch_threads_here
+from mmencode.app.engine.engine import Runtime
+from mmencode.app.engine.threads import SerialTorchThreadPool, in_executor, serial_torch_ops, torch_threads_here
 from tests.helpers import data_uri, live_server, noise_image
 
 T = TypeVar("T")

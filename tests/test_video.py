@@ -25,7 +25,7 @@ from PIL import Image
 from transformers import AutoModelForImageTextToText, AutoProcessor
 from transformers.video_utils import VideoMetadata
 
-from mmencode.app.errors import PayloadTooLarge
+from mmencode.app.engine.errors import PayloadTooLarge
 from mmencode.models.video_processor import VIDEO_PROCESSOR_FILE
 from tests.helpers import (
     asgi_client,
@@ -434,7 +434,7 @@ async def test_frames_asked_past_the_limit_or_none_at_all_are_refused(client: ht
 
 
 def test_a_frame_rate_no_camera_has_does_not_make_a_long_clip_short() -> None:
-    from mmencode.app.videos import VideoLimits, decode_video
+    from mmencode.app.media.video import VideoLimits, decode_video
 
     buffer = io.BytesIO()
     with av.open(buffer, mode="w", format="matroska") as output:
@@ -504,7 +504,7 @@ async def test_a_webm_clip_by_url_equals_the_same_bytes_inline(
 
 
 def test_only_the_frames_kept_are_converted_and_they_are_pyavs_own() -> None:
-    from mmencode.app.videos import VideoLimits, decode_video
+    from mmencode.app.media.video import VideoLimits, decode_video
 
     data = CLIPS["mp4"][0]
     with av.open(io.BytesIO(data)) as container:

@@ -12,8 +12,8 @@ import httpx
 import pytest
 import torch
 
-from mmencode.app.runtime import Runtime, batch_wait_seconds
-from mmencode.app.worker import EncoderWorker, QueueBytesFull, QueueFull, TokenDrift, prepared_nbytes
+from mmencode.app.engine.engine import Runtime, batch_wait_seconds
+from mmencode.app.engine.worker import EncoderWorker, QueueBytesFull, QueueFull, TokenDrift, prepared_nbytes
 from mmencode.models import EncoderAdapter, EncoderOutput, PreparedImage, load_encoder
 from tests.helpers import live_server, noise_image
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from mmencode.app.integrations.vllm import EC_CACHE_FILENAME
+from mmencode.app.peers.vllm.ec_writer import EC_CACHE_FILENAME
 from tests.audios import audio_data_uri, encoded, tone, wav
 from tests.helpers import LiveServer, live_server, readme_python, rows_of
 from tests.peers.run import SGLangReceiver, vllm_decode, vllm_ec_consume

@@ -10,8 +10,8 @@ import httpx
 import openai
 import pytest
 
-from mmencode.app.auth import is_protected
 from mmencode.app.config import Settings
+from mmencode.app.http.auth import is_protected
 from tests.helpers import LiveServer, assert_error, data_uri, live_server, noise_image
 
 KEYS = ["key-one-7f3a9c", "key-two-51be02"]

@@ -34,8 +34,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from mmencode.app.errors import ImageFetchFailed
-from mmencode.app.runtime import Runtime
+from mmencode.app.engine.engine import Runtime
+from mmencode.app.engine.errors import ImageFetchFailed
 from tests.helpers import LiveServer, data_uri, live_server, noise_image
 
 MAX_EXAMPLES = 40

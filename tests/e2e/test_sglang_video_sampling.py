@@ -23,7 +23,7 @@ import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor
 from transformers.video_utils import VideoMetadata
 
-from mmencode.models.sglang_video import sglang_frame_indices, sglang_resize_frames
+from mmencode.app.peers.sglang.sampling import sglang_frame_indices, sglang_resize_frames
 from tests.helpers import asgi_client, assert_error, rows_of
 from tests.peers.run import sglang_preprocess_video
 from tests.videos import clip, video_data_uri

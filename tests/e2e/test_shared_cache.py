@@ -15,8 +15,8 @@ import pytest
 import redis
 import torch
 
-from mmencode.app.cache import CachedEmbedding, SharedCache
-from mmencode.app.cache.shared import decode_value
+from mmencode.app.engine.cache import CachedEmbedding, SharedCache
+from mmencode.app.engine.cache.shared import decode_value
 from mmencode.app.metrics import Metrics
 from tests.helpers import LiveServer, assert_error, data_uri, live_server, noise_image, rows_of
 from tests.services import RedisServer, require_binary

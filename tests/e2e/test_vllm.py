@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import torch
 
-from mmencode.app.integrations.vllm import EC_CACHE_FILENAME
+from mmencode.app.peers.vllm.ec_writer import EC_CACHE_FILENAME
 from mmencode.models import load_encoder
 from tests.helpers import LiveServer, assert_error, data_uri, live_server, noise_image, readme_python, rows_of
 from tests.peers.run import vllm_decode, vllm_ec_consume

@@ -1,0 +1,168 @@
+"""The chat front door's work: encode a chat request's images here, forward it upstream with their rows.
+
+Images go through the scheduler exactly as ``/v1/encode``'s do (the same cache, batching across
+requests, limits, URL rules and errors), so a bad image is refused before any upstream sees the
+request. Each image part is then replaced by the part the transport calls for
+(:mod:`app.peers.vllm.parts`); with the ``ec`` transport the connector files are written first,
+and a request whose files could not all be written is never sent (a part naming a missing file kills
+vLLM's engine).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Literal
+
+import orjson
+
+from mmencode.app.api.chat.forward import UpstreamAnswer, UpstreamForwarder
+from mmencode.app.api.chat.request import ChatRequest
+from mmencode.app.api.chat.upstreams import UpstreamPool
+from mmencode.app.api.model import ServedModel
+from mmencode.app.engine.errors import EncoderCacheWriteFailed, ServiceError, UpstreamFailed, error_object
+from mmencode.app.engine.scheduler import ItemInput, ItemResult
+from mmencode.app.engine.threads import in_executor
+from mmencode.app.metrics import Metrics
+from mmencode.app.peers.vllm.ec_writer import EncoderCacheWriter
+from mmencode.app.peers.vllm.parts import ec_part, embeds_part
+from mmencode.app.wire.encodings import TORCH_DTYPES
+
+__all__ = ["ChatService", "ChatStream"]
+
+logger = logging.getLogger("mmencode.upstream")
+
+Transport = Literal["embeds", "ec"]
+# Requests whose rows are past this are serialised on a thread: a 40 MB body must not stall the loop.
+_OFFLOAD_BYTES = 1 << 20
+
+
+@dataclass
+class ChatStream:
+    """A started streamed answer: the upstream's bytes as they come, then the upstream released."""
+
+    upstream: str
+    media_type: str
+    _answer: UpstreamAnswer
+    _started: float
+    _metrics: Metrics
+
+    async def body(self) -> AsyncIterator[bytes]:
+        try:
+            yield self._answer.first
+            async for chunk in self._answer.rest():
+                yield chunk
+        except ServiceError as exc:
+            yield _sse_error(exc)
+        except Exception as exc:  # the upstream went away mid-stream: too late for a status, say it in-stream
+            logger.warning("upstream %s failed mid-stream: %s: %s", self.upstream, type(exc).__name__, exc)
+            yield _sse_error(UpstreamFailed(f"upstream {self.upstream} failed mid-answer: {type(exc).__name__}"))
+        finally:
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        """Release the upstream (idempotent); closing early cancels the upstream's request."""
+        if self._started:
+            self._metrics.chat_stage_seconds.labels("total").observe(time.perf_counter() - self._started)
+            self._started = 0.0
+        await self._answer.aclose()
+
+
+class ChatService:
+    def __init__(
+        self,
+        model: ServedModel,
+        pool: UpstreamPool,
+        forwarder: UpstreamForwarder,
+        metrics: Metrics,
+        *,
+        transport: Transport,
+        dtype: str,
+        ec_writer: EncoderCacheWriter | None,
+        executor: Executor | None = None,
+    ) -> None:
+        self._model = model
+        self._pool = pool
+        self._forwarder = forwarder
+        self._metrics = metrics
+        self._transport = transport
+        self._dtype = dtype  # "auto": the encoder's compute dtype
+        self._ec_writer = ec_writer
+        self._executor = executor
+        if transport == "ec" and ec_writer is None:
+            raise ValueError("the ec transport needs an encoder-cache writer (--ec-shared-storage)")
+
+    @property
+    def pool(self) -> UpstreamPool:
+        return self._pool
+
+    async def complete(self, chat: ChatRequest, *, tried: list[str] | None = None) -> tuple[str, bytes]:
+        """A whole answer: ``(media type, body)``. ``tried``: the upstreams asked are appended to it."""
+        started = time.perf_counter()
+        answer = await self._open(chat, tried if tried is not None else [])
+        try:
+            return answer.media_type, answer.first
+        finally:
+            await answer.aclose()
+            self._metrics.chat_stage_seconds.labels("total").observe(time.perf_counter() - started)
+
+    async def stream(self, chat: ChatRequest, *, tried: list[str] | None = None) -> ChatStream:
+        """A streamed answer whose upstream has already sent its success status and first bytes."""
+        started = time.perf_counter()
+        answer = await self._open(chat, tried if tried is not None else [])
+        return ChatStream(answer.upstream.url, answer.media_type, answer, started, self._metrics)
+
+    async def _open(self, chat: ChatRequest, tried: list[str]) -> UpstreamAnswer:
+        # Refuse a model no upstream serves, or none available, before spending the encoder on it.
+        self._pool.require(chat.model)
+        hashes: list[str] = []
+        if chat.images:
+            encode_started = time.perf_counter()
+            results = await self._encode(chat)
+            self._metrics.chat_stage_seconds.labels("encode").observe(time.perf_counter() - encode_started)
+            hashes = [result.hash for result in results if result.hash is not None]
+            body = await self._rewritten(chat, results)
+        else:
+            body = orjson.dumps(chat.body)
+        answer = await self._forwarder.open(body, model=chat.model, hashes=hashes, stream=chat.stream, tried=tried)
+        self._metrics.chat_stage_seconds.labels("upstream_first_byte").observe(answer.first_byte_s)
+        self._pool.remember(answer.upstream, hashes)
+        return answer
+
+    async def _encode(self, chat: ChatRequest) -> list[ItemResult]:
+        results = await self._model.scheduler.encode([ItemInput(image=image.source) for image in chat.images])
+        if self._transport == "ec":
+            assert self._ec_writer is not None
+            paths = await self._ec_writer.write_all([(result.hash, result.rows) for result in results])
+            unwritten = [result.index for result, path in zip(results, paths, strict=True) if path is None]
+            if unwritten:
+                # Sending would make vLLM look for files that are not there, which kills its engine.
+                raise EncoderCacheWriteFailed(
+                    f"the connector files of images {unwritten} could not be written to {self._ec_writer.root} "
+                    "(see the server log); the request was not sent upstream",
+                    details={"items": unwritten, "storage": str(self._ec_writer.root)},
+                    headers={"Retry-After": "1"},
+                )
+        return results
+
+    async def _rewritten(self, chat: ChatRequest, results: list[ItemResult]) -> bytes:
+        """The request's JSON with each image part replaced by the transport's part."""
+        dtype = self._model.scheduler.adapter.dtype if self._dtype == "auto" else TORCH_DTYPES[self._dtype]
+
+        def render() -> bytes:
+            for image, result in zip(chat.images, results, strict=True):
+                part = embeds_part(result, dtype) if self._transport == "embeds" else ec_part(result, image.part)
+                image.part.clear()
+                image.part.update(part)
+            return orjson.dumps(chat.body)
+
+        large = self._transport == "embeds" and sum(r.rows.numel() for r in results) * 4 > _OFFLOAD_BYTES
+        return await in_executor(self._executor, render) if large else render()
+
+
+def _sse_error(error: ServiceError) -> bytes:
+    """An error event as vLLM streams one (``data: {"error": ...}``); the OpenAI client raises it."""
+    return b"data: " + orjson.dumps({"error": error_object(error, None)}) + b"\n\n"

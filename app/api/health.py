@@ -1,0 +1,52 @@
+"""Probes: liveness never touches the model; readiness says whether requests can be served now."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.responses import Response
+
+from mmencode.app.api.deps import ChatServiceDep, MetricsDep, RuntimeDep
+from mmencode.app.engine.errors import NotReady
+from mmencode.app.http.openapi import ERROR_RESPONSES
+
+router = APIRouter(tags=["probes"])
+
+
+@router.get("/health", summary="Liveness: 200 while the process serves HTTP")
+async def health() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get(
+    "/ready",
+    summary="Readiness: 200 once the model is loaded and warmed up",
+    responses={503: ERROR_RESPONSES[503]},
+)
+async def ready(runtime: RuntimeDep, chat: ChatServiceDep) -> dict[str, Any]:
+    if not runtime.ready:
+        raise NotReady(runtime.not_ready_reason(), details={"phase": runtime.phase.value})
+    assert runtime.adapter is not None  # ready means loaded
+    answer: dict[str, Any] = {
+        "status": "ready",
+        "model": runtime.model_name,
+        "phase": runtime.phase.value,
+        "image_processor_backend": runtime.adapter.image_processor_backend,
+    }
+    if chat is not None:
+        # Informational: the encoder serves whatever the upstreams' state; a chat request without one
+        # available answers 503 upstream_unavailable itself.
+        answer["upstreams"] = chat.pool.status()
+    return answer
+
+
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics (text exposition format)",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text format"}},
+)
+async def metrics(registry: MetricsDep) -> Response:
+    return Response(registry.render(), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,74 @@
+"""OpenAI's embeddings API over images: one L2-normalised mean-pooled vector per image, and the model list.
+
+The vector averages the rows' leading ``pooled_width`` columns: the whole row, except for Qwen3-VL,
+whose DeepStack levels ride beside the main embedding and are left out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from mmencode.app.api.model import ServedModel
+from mmencode.app.engine.errors import UnsupportedParameter
+from mmencode.app.engine.scheduler import ItemInput
+from mmencode.app.http.responses import l2_normalised_mean
+from mmencode.app.wire.b64 import encode_ascii
+from mmencode.schemas.embeddings import EmbeddingsRequest, ModelCard, ModelList
+
+__all__ = ["EmbeddingsService"]
+
+
+class EmbeddingsService:
+    def __init__(self, model: ServedModel, *, upstream_models: Callable[[], list[str]] | None = None) -> None:
+        self._model = model
+        # The chat front door's upstreams' models, listed beside the encoder's own.
+        self._upstream_models = upstream_models
+
+    async def embed(self, body: EmbeddingsRequest) -> dict[str, Any]:
+        """OpenAI's answer, with ``usage`` counting the images' rows."""
+        self._model.check_model(body.model)
+        scheduler = self._model.scheduler
+        width = scheduler.pooled_width
+        if body.dimensions is not None and body.dimensions != width:
+            raise UnsupportedParameter(
+                f"dimensions={body.dimensions} is not supported: {self._model.model_name} returns "
+                f"{width}-dimensional vectors",
+                param="dimensions",
+                details={"requested": body.dimensions, "supported": [width]},
+            )
+        inputs = [body.input] if isinstance(body.input, str) else body.input
+        results = await scheduler.encode([_item(source, body.modality) for source in inputs])
+        tokens = sum(result.num_tokens for result in results)
+        data = []
+        for result in results:
+            vector = l2_normalised_mean(result.rows[:, :width])
+            encoded = encode_ascii(vector.astype("<f4").tobytes()) if body.encoding_format == "base64" else vector
+            data.append({"object": "embedding", "index": result.index, "embedding": encoded})
+        return {
+            "object": "list",
+            "data": data,
+            "model": self._model.model_name,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+
+    def models(self) -> ModelList:
+        card = ModelCard(
+            id=self._model.model_name,
+            created=self._model.started_at,
+            image_processor_backend=self._model.image_processor_backend,
+        )
+        cards = [card]
+        for name in self._upstream_models() if self._upstream_models is not None else []:
+            if name != card.id:
+                cards.append(ModelCard(id=name, created=self._model.started_at, owned_by="upstream"))
+        return ModelList(data=cards)
+
+
+def _item(source: str, modality: str | None) -> ItemInput:
+    """An input as an item: a video or audio clip when the request says so or its data URI is one, else an image."""
+    if modality == "video" or source[:11].lower() == "data:video/":
+        return ItemInput(video=source)
+    if modality == "audio" or source[:11].lower() == "data:audio/":
+        return ItemInput(audio=source)
+    return ItemInput(image=source)

@@ -1,0 +1,22 @@
+"""Embeddings by content hash: the local LRU, the optional shared Redis/Valkey tier, the lookup order over
+them, and the memo of answers' payloads.
+
+``TieredCache`` is what the scheduler talks to: local LRU first, then the shared store, then the encoder.
+"""
+
+from mmencode.app.engine.cache.local import CachedEmbedding, LRUEmbeddingCache, content_hash
+from mmencode.app.engine.cache.memo import Payload, ResponseMemo
+from mmencode.app.engine.cache.shared import SharedCache
+from mmencode.app.engine.cache.tiered import CacheTier, Hit, TieredCache
+
+__all__ = [
+    "CacheTier",
+    "CachedEmbedding",
+    "Hit",
+    "LRUEmbeddingCache",
+    "Payload",
+    "ResponseMemo",
+    "SharedCache",
+    "TieredCache",
+    "content_hash",
+]

@@ -1,0 +1,565 @@
+"""The request rules: what a request may ask, decided before any expensive work.
+
+In order: all-or-none precomputation and the metadata precomputed items need (before any image is
+touched); precomputed shapes; then image bytes (decoded or fetched), content hashes and the cache;
+decoding and preprocessing on a thread pool; the rest to the encoder worker. A request succeeds whole
+or fails whole: the first failing item (lowest index) names the error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import torch
+
+from mmencode.app.engine.cache import CachedEmbedding, TieredCache, content_hash
+from mmencode.app.engine.errors import (
+    InternalError,
+    InvalidAudio,
+    InvalidImage,
+    InvalidVideo,
+    ItemLocation,
+    MissingMetadata,
+    NotReady,
+    Overloaded,
+    PartialPrecomputed,
+    PayloadTooLarge,
+    PrecomputedShapeMismatch,
+    RequestTimeout,
+    ServiceError,
+    TokenCountMismatch,
+    UnknownHash,
+    UnsupportedModality,
+    ValidationFailed,
+)
+from mmencode.app.engine.precomputed import decode_precomputed
+from mmencode.app.engine.worker import EncoderWorker, QueueBytesFull, QueueFull, Reservation, TokenDrift, WorkerStopped
+from mmencode.app.media.audio import AUDIO, AudioLimits, audio_support, decode_audio
+from mmencode.app.media.fetch import ImageFetcher
+from mmencode.app.media.image import IMAGE, MediaKind, decode_base64_file, decode_image, decode_inline_image, is_url
+from mmencode.app.media.video import (
+    VIDEO,
+    VideoLimits,
+    decode_frame_list,
+    decode_video,
+    pack_frames,
+    unpack_frames,
+    video_support,
+)
+from mmencode.app.metrics import Metrics
+from mmencode.models import EncoderAdapter, MetadataError, PreparedImage
+from mmencode.models.base import Modality, SamplingRule, VideoSampling
+from mmencode.models.errors import UnsupportedModalityError
+from mmencode.schemas.encode import PrecomputedEmbedding
+
+__all__ = ["ItemInput", "ItemResult", "Limits", "Modality", "Scheduler"]
+
+PrecomputedMode = Literal["strict", "fill"]
+_INLINE_BASE64_CHARS = 1 << 20
+# A frame list's images fetched (or base64-decoded) at once: the rest wait, so a long list of URLs
+# holds a few downloads in flight, not hundreds.
+_FRAME_FETCHES = 8
+
+
+@dataclass(frozen=True, slots=True)
+class ItemInput:
+    """One item as the routes hand it over, whatever the wire format."""
+
+    image: str | bytes | None = None  # str: data URI, bare base64 or URL; bytes: an uploaded file
+    embedding: PrecomputedEmbedding | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    hash: str | None = None
+    # As ``image``: an mp4, webm or mkv file; or a list of frames (each as ``image``), already sampled.
+    video: str | bytes | list[str] | None = None
+    # What a precomputed item is (an item with a file says it by its field): which metadata it needs.
+    modality: Modality | None = None
+    sampling: VideoSampling = field(default_factory=VideoSampling)  # the checkpoint's frames unless set
+    frames_fps: float | None = None  # a frame list's: the rate its frames were sampled at
+    audio: str | bytes | None = None  # as ``image``: a wav, flac, mp3 or ogg file
+
+    @property
+    def kind(self) -> Modality:
+        if self.video is not None:
+            return "video"
+        if self.audio is not None:
+            return "audio"
+        return "image" if self.image is not None else self.modality or "image"
+
+    @property
+    def media(self) -> str | bytes | list[str] | None:
+        if self.video is not None:
+            return self.video
+        return self.audio if self.audio is not None else self.image
+
+
+@dataclass(frozen=True, slots=True)
+class ItemResult:
+    index: int
+    source: Literal["encoder", "precomputed", "cache"]
+    hash: str | None
+    metadata: dict[str, Any]
+    rows: torch.Tensor  # (num_tokens, hidden_size) float32
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.rows.shape[0])
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_items: int
+    max_image_bytes: int
+    max_image_pixels: int
+    max_embedding_bytes: int
+    request_timeout: float
+    max_video_bytes: int
+    video: VideoLimits
+    max_video_tokens: int
+    max_audio_bytes: int
+    audio: AudioLimits
+
+
+@dataclass(frozen=True, slots=True)
+class MediaRule:
+    """What the scheduler needs to know of one modality, beside what the adapter knows of it."""
+
+    media: MediaKind  # its word in messages, data URI type and error
+    max_bytes: Callable[[Limits], int]  # one file's limit
+    decoder_problem: Callable[[], str | None]  # why this server cannot decode it (None: it can)
+    article: str  # "an image": the item in a message
+    not_taken: str  # what a checkpoint that does not take it does, and which do
+
+
+MEDIA_RULES: dict[Modality, MediaRule] = {
+    "image": MediaRule(IMAGE, lambda limits: limits.max_image_bytes, lambda: None, "an image", "encodes audio only"),
+    "video": MediaRule(
+        VIDEO,
+        lambda limits: limits.max_video_bytes,
+        video_support,
+        "a video",
+        "takes no video here (videos: qwen2_vl, qwen2_5_vl, qwen3_vl and qwen3_5 checkpoints with a video "
+        "processor, and torchvision)",
+    ),
+    "audio": MediaRule(
+        AUDIO,
+        lambda limits: limits.max_audio_bytes,
+        audio_support,
+        "audio",
+        "has no audio tower (audio: qwen2_audio, qwen2_5_omni and qwen3_omni_moe checkpoints)",
+    ),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    """A raw item that missed the cache: on its way to decoding and the encoder."""
+
+    index: int
+    hash: str
+    data: bytes
+    kind: Modality
+    sampling: VideoSampling
+    frames_fps: float | None  # a frame list's (its frames packed in ``data``); None for a file
+
+
+class Scheduler:
+    def __init__(
+        self,
+        adapter: EncoderAdapter,
+        worker: EncoderWorker,
+        cache: TieredCache,
+        fetcher: ImageFetcher,
+        pool: Executor,
+        limits: Limits,
+        metrics: Metrics,
+        video_sampling: SamplingRule = "checkpoint",
+    ) -> None:
+        self.adapter = adapter
+        self.worker = worker
+        self.cache = cache
+        self.fetcher = fetcher
+        self.pool = pool
+        self.limits = limits
+        self.metrics = metrics
+        self.video_sampling = video_sampling  # the rule of a video item that names none (--video-sampling)
+
+    @property
+    def pooled_width(self) -> int:
+        """The leading columns of a row that a pooled vector averages (``EncoderAdapter.pooled_width``)."""
+        return self.adapter.pooled_width
+
+    async def encode(self, items: Sequence[ItemInput], mode: PrecomputedMode = "strict") -> list[ItemResult]:
+        """Results in request order. Past the deadline: ``timeout``, and queued work is dropped."""
+        try:
+            async with asyncio.timeout(self.limits.request_timeout):
+                return await self._encode(items, mode)
+        except TimeoutError:
+            raise RequestTimeout(
+                f"the request took longer than {self.limits.request_timeout}s",
+                details={"timeout_s": self.limits.request_timeout},
+            ) from None
+
+    async def _encode(self, items: Sequence[ItemInput], mode: PrecomputedMode) -> list[ItemResult]:
+        if len(items) > self.limits.max_items:
+            raise PayloadTooLarge(
+                f"{len(items)} items, over the limit of {self.limits.max_items} per request",
+                location=ItemLocation(None, ()),
+                details={"limit": "max_items_per_request", "max_items": self.limits.max_items, "items": len(items)},
+            )
+        self._check_modalities(items)
+        precomputed = [i for i, item in enumerate(items) if item.embedding is not None]
+        missing = [i for i, item in enumerate(items) if item.embedding is None]
+        if mode == "strict" and precomputed and missing:
+            raise PartialPrecomputed(
+                f"items {precomputed} carry precomputed embeddings but items {missing} do not; send all or none, "
+                'or set "precomputed": "fill" to encode the missing ones',
+                location=ItemLocation(missing[0], ("precomputed_embedding",), named_in_message=True),
+                details={"precomputed": precomputed, "missing": missing},
+            )
+        results: dict[int, ItemResult] = {}
+        expected_rows = self._check_metadata(items, precomputed)
+        for index in precomputed:
+            results[index] = self._precomputed_result(index, items[index], expected_rows[index])
+        for result in await self._resolve_raw(items, missing):
+            results[result.index] = result
+        ordered = [results[i] for i in range(len(items))]
+        for result in ordered:
+            self.metrics.items.labels(result.source).inc()
+        return ordered
+
+    def _check_modalities(self, items: Sequence[ItemInput]) -> None:
+        """Each item's modality only for a model that takes it, on a server that decodes it: before any work."""
+        for index, item in enumerate(items):
+            rule = MEDIA_RULES[item.kind]
+            where = ItemLocation(index, (item.kind,), named_in_message=True)
+            if not self.adapter.takes(item.kind):
+                raise UnsupportedModality(
+                    f"item {index} is {rule.article}, but this {self.adapter.family} checkpoint {rule.not_taken}",
+                    location=where,
+                    details={"family": self.adapter.family, "modality": item.kind},
+                )
+            # A frame list is images: it needs no video decoder.
+            problem = rule.decoder_problem() if isinstance(item.media, (str, bytes)) else None
+            if problem is not None:
+                raise UnsupportedModality(
+                    f"item {index} is {rule.article}, which this server cannot decode: {problem}",
+                    location=where,
+                    details={"modality": item.kind},
+                )
+
+    # ----- precomputed items -----
+    def _check_metadata(self, items: Sequence[ItemInput], indices: Sequence[int]) -> dict[int, int]:
+        rows: dict[int, int] = {}
+        absent: list[dict[str, Any]] = []
+        malformed: list[dict[str, Any]] = []
+        for index in indices:
+            item = items[index]
+            try:
+                rows[index] = self.adapter.tokens_for(item.kind, item.metadata)
+            except MetadataError as exc:
+                entry = {"index": index, "field": exc.field, "reason": exc.reason}
+                (absent if exc.missing else malformed).append(entry)
+        if absent:
+            first = absent[0]
+            raise MissingMetadata(
+                f"item {first['index']} has a precomputed embedding but no metadata.{first['field']}, which "
+                f"{self.adapter.family} models need to check its row count",
+                location=ItemLocation(first["index"], ("metadata", first["field"]), named_in_message=True),
+                details={
+                    "family": self.adapter.family,
+                    "required": list(self.adapter.required_metadata_for(items[first["index"]].kind)),
+                    "items": absent,
+                },
+            )
+        if malformed:
+            first = malformed[0]
+            raise ValidationFailed(
+                f"metadata.{first['field']} {first['reason']}",
+                location=ItemLocation(first["index"], ("metadata", first["field"])),
+                details={
+                    "errors": [
+                        {"loc": ["items", e["index"], "metadata", e["field"]], "msg": e["reason"], "type": "metadata"}
+                        for e in malformed
+                    ]
+                },
+            )
+        return rows
+
+    def _precomputed_result(self, index: int, item: ItemInput, expected_rows: int) -> ItemResult:
+        assert item.embedding is not None
+        expected = [expected_rows, self.adapter.hidden_size]
+        if list(item.embedding.shape) != expected:
+            raise PrecomputedShapeMismatch(
+                f"precomputed embedding has shape {list(item.embedding.shape)}, "
+                f"but its metadata implies {expected} on this model",
+                location=ItemLocation(index, ("precomputed_embedding", "shape")),
+                details={"items": [{"index": index, "expected": expected, "given": list(item.embedding.shape)}]},
+            )
+        rows = decode_precomputed(item.embedding, index=index, max_bytes=self.limits.max_embedding_bytes)
+        return ItemResult(index, "precomputed", None, dict(item.metadata), rows)
+
+    # ----- raw items: hash, cache, decode, encode -----
+    async def _resolve_raw(self, items: Sequence[ItemInput], indices: Sequence[int]) -> list[ItemResult]:
+        kinds = {i: items[i].kind for i in indices}
+        fetched = await _gather_in_order(indices, [self._media_bytes(i, items[i]) for i in indices], kinds)
+        results: list[ItemResult] = []
+        pending: list[_Pending] = []
+        # The same image twice in one request is decoded and encoded once; its copies share the rows.
+        first_of: dict[str, int] = {}
+        copies: list[tuple[int, int]] = []  # (index, index of the first item with the same content)
+        unique: list[tuple[int, bytes | None, str]] = []
+        for index, data in zip(indices, fetched, strict=True):
+            key = items[index].hash if data is None else content_hash(self._identity(items[index]), data)
+            assert key is not None  # an item without image bytes came with a hash
+            if key in first_of:
+                copies.append((index, first_of[key]))
+                continue
+            first_of[key] = index
+            unique.append((index, data, key))
+        hits = await self.cache.get_many([key for _, _, key in unique])  # local, then shared: one round trip
+        for (index, data, key), hit in zip(unique, hits, strict=True):
+            if hit is not None:
+                results.append(ItemResult(index, "cache", key, dict(hit.value.metadata), hit.value.rows))
+            elif data is None:
+                raise UnknownHash(
+                    f"hash {key!r} is not in the cache; send the image instead",
+                    location=ItemLocation(index, ("hash",)),
+                    details={"hash": key},
+                )
+            else:
+                item = items[index]
+                pending.append(_Pending(index, key, data, item.kind, self._sampling(item), item.frames_fps))
+        if pending:
+            results.extend(await self._encode_pending(pending))
+        by_index = {result.index: result for result in results}
+        for index, first in copies:
+            original = by_index[first]
+            results.append(ItemResult(index, original.source, original.hash, dict(original.metadata), original.rows))
+        return results
+
+    async def _encode_pending(self, pending: list[_Pending]) -> list[ItemResult]:
+        results: list[ItemResult] = []
+        loop = asyncio.get_running_loop()
+        # Admitted, or refused, before any decoding: an overloaded service spends no CPU on a 503.
+        with self._reserve() as reservation:
+            prepared = await _gather_in_order(
+                [p.index for p in pending],
+                [loop.run_in_executor(self.pool, self._prepare, p) for p in pending],
+                {p.index: p.kind for p in pending},
+            )
+            rows = await self._run_encoder(prepared, [p.index for p in pending], reservation)
+        for entry, item, item_rows in zip(pending, prepared, rows, strict=True):
+            self.cache.put(entry.hash, CachedEmbedding(item_rows, item.metadata))
+            results.append(ItemResult(entry.index, "encoder", entry.hash, dict(item.metadata), item_rows))
+        return results
+
+    def _identity(self, item: ItemInput) -> str:
+        """What a content hash covers beside the file's bytes: the model, and for a video the video
+        processor's settings and the frames asked for (other frames, other rows)."""
+        if item.frames_fps is not None:
+            return f"{self.adapter.fingerprint};video-frames;{self.adapter.video_fingerprint};fps={item.frames_fps}"
+        if item.kind == "video":
+            return f"{self.adapter.fingerprint};video;{self.adapter.video_fingerprint};{self._sampling(item).key}"
+        if item.kind == "audio":  # the feature extractor's settings are in the fingerprint already
+            return f"{self.adapter.fingerprint};audio"
+        return self.adapter.fingerprint
+
+    def _sampling(self, item: ItemInput) -> VideoSampling:
+        """The item's sampling, under the server's rule where it names none."""
+        if item.sampling.rule is not None:
+            return item.sampling
+        return replace(item.sampling, rule=self.video_sampling)
+
+    async def _media_bytes(self, index: int, item: ItemInput) -> bytes | None:
+        """The file bytes of an item's image or video; ``None`` for an item that only names a hash."""
+        media = item.media
+        if media is None:
+            return None
+        if isinstance(media, list):
+            return await self._frame_list_bytes(index, media)
+        rule = MEDIA_RULES[item.kind]
+        max_bytes = rule.max_bytes(self.limits)
+        if isinstance(media, bytes):
+            if len(media) > max_bytes:
+                raise PayloadTooLarge(
+                    f"{item.kind} is {len(media)} bytes, over the limit of {max_bytes}",
+                    details={"limit": f"max_{item.kind}_bytes", "max_bytes": max_bytes},
+                )
+            return media
+        if is_url(media):
+            if item.kind == "image":
+                return await self.fetcher.fetch(media)  # within the fetcher's own image limit
+            return await self.fetcher.fetch(media, kind=rule.media, max_bytes=max_bytes)
+
+        def decode() -> bytes:
+            if item.kind == "image":  # an image's own checks: text sent as an image, SVG...
+                return decode_inline_image(media, max_bytes=max_bytes)
+            return decode_base64_file(media, max_bytes=max_bytes, kind=rule.media)
+
+        # SIMD base64 takes ~50 us per MB: below that, a thread hop (a wake-up of the loop) costs more.
+        if len(media) < _INLINE_BASE64_CHARS:
+            return decode()
+        return await asyncio.get_running_loop().run_in_executor(self.pool, decode)
+
+    async def _frame_list_bytes(self, index: int, frames: list[str]) -> bytes:
+        """A frame list's images, fetched or decoded from base64 as images are, packed into one blob
+        (:func:`pack_frames`) that is hashed and cached as a video file's bytes are."""
+        if len(frames) > self.limits.video.max_frames:
+            raise PayloadTooLarge(
+                f"the frame list holds {len(frames)} frames, over the limit of {self.limits.video.max_frames} "
+                "(--max-video-frames)",
+                details={
+                    "limit": "max_video_frames",
+                    "max_frames": self.limits.video.max_frames,
+                    "frames": len(frames),
+                },
+            )
+        budget = self.limits.max_video_bytes
+        received = 0
+        gate = asyncio.Semaphore(_FRAME_FETCHES)
+
+        async def one(position: int, frame: str) -> bytes:
+            nonlocal received
+            async with gate:
+                try:
+                    data = await self._media_bytes(index, ItemInput(image=frame))  # each within --max-image-bytes
+                except ServiceError as error:
+                    raise error.at_item(index, ("video", position)) from None  # items[i].video[j]
+            assert data is not None
+            received += len(data)
+            if received > budget:  # the whole list within --max-video-bytes, checked as frames arrive
+                raise PayloadTooLarge(
+                    f"the frame list's images pass {budget} bytes, the limit (--max-video-bytes)",
+                    details={"limit": "max_video_bytes", "max_bytes": budget},
+                )
+            return data
+
+        try:
+            async with asyncio.TaskGroup() as group:  # the first failure cancels the frames still coming
+                tasks = [group.create_task(one(position, frame)) for position, frame in enumerate(frames)]
+        except BaseExceptionGroup as failed:
+            raise failed.exceptions[0] from None
+        return pack_frames([task.result() for task in tasks])
+
+    def _prepare(self, pending: _Pending) -> PreparedImage:
+        """Decode and preprocess one item; runs on the pool."""
+        prepare = {"image": self._prepare_image, "video": self._prepare_video, "audio": self._prepare_audio}
+        return prepare[pending.kind](pending)
+
+    def _prepare_image(self, pending: _Pending) -> PreparedImage:
+        image = decode_image(pending.data, max_pixels=self.limits.max_image_pixels)
+        try:
+            return self.adapter.preprocess(image)
+        except ValueError as exc:  # e.g. Qwen2-VL refuses aspect ratios over 200
+            raise InvalidImage(f"the model's image processor cannot take this image: {exc}") from None
+
+    def _prepare_audio(self, pending: _Pending) -> PreparedImage:
+        rate = self.adapter.audio_sampling_rate
+        assert rate is not None  # _check_audio let the item through
+        audio = decode_audio(pending.data, self.limits.audio, rate)
+        try:
+            return self.adapter.preprocess_audio(audio)
+        except ValueError as exc:
+            raise InvalidAudio(f"the model's feature extractor cannot take this audio: {exc}") from None
+
+    def _prepare_video(self, pending: _Pending) -> PreparedImage:
+        def keep(total_frames: int, fps: float | None) -> list[int]:
+            try:
+                return self.adapter.video_frames_to_keep(total_frames, fps, pending.sampling)
+            except (ValueError, ArithmeticError) as exc:  # more frames asked than the clip has; 0 frames
+                raise InvalidVideo(f"the model's video processor cannot sample this video: {exc}") from None
+
+        asked = pending.sampling.num_frames
+        if asked is not None and asked > self.limits.video.max_frames:  # before the processor lists them
+            raise PayloadTooLarge(
+                f"{asked} frames asked for, over the limit of {self.limits.video.max_frames} (--max-video-frames)",
+                details={"limit": "max_video_frames", "max_frames": self.limits.video.max_frames, "frames": asked},
+            )
+
+        try:
+            if pending.frames_fps is not None:
+                video = decode_frame_list(
+                    unpack_frames(pending.data), pending.frames_fps, self.limits.video, self.limits.max_image_pixels
+                )
+            else:
+                video = decode_video(pending.data, self.limits.video, keep)
+            prepared = self.adapter.preprocess_video(video, pending.sampling)
+        except UnsupportedModalityError as exc:
+            raise UnsupportedModality(str(exc), details={"modality": "video"}) from None
+        except ValueError as exc:
+            raise InvalidVideo(f"the model's video processor cannot take this video: {exc}") from None
+        limit = self.limits.max_video_tokens
+        if prepared.num_tokens > limit:
+            raise PayloadTooLarge(
+                f"the video yields {prepared.num_tokens} rows at this sampling, over the limit of {limit} "
+                "(--max-video-tokens); ask for fewer frames (fps, num_frames) or send a smaller video",
+                details={"limit": "max_video_tokens", "max_tokens": limit, "rows": prepared.num_tokens},
+            )
+        return prepared
+
+    def _reserve(self) -> Reservation:
+        try:
+            return self.worker.reserve()
+        except QueueFull:
+            raise Overloaded(
+                "the encoder queue is full; retry shortly",
+                details={"queue_depth": self.worker.queue_depth},
+                headers={"Retry-After": "1"},
+            ) from None
+        except WorkerStopped:
+            raise NotReady("the encoder worker is not running") from None
+
+    async def _run_encoder(
+        self, prepared: list[PreparedImage], indices: list[int], reservation: Reservation
+    ) -> list[torch.Tensor]:
+        try:
+            return await self.worker.encode(prepared, reservation)
+        except WorkerStopped:
+            raise NotReady("the encoder worker is not running") from None
+        except QueueBytesFull as full:
+            raise Overloaded(
+                f"the inputs waiting for the encoder hold {full.queued_bytes} bytes; this request's "
+                f"{full.job_bytes} more would pass the limit of {full.max_bytes} (--max-queue-bytes); retry shortly",
+                details={"queue_bytes": full.queued_bytes, "request_bytes": full.job_bytes, "limit": "max_queue_bytes"},
+                headers={"Retry-After": "1"},
+            ) from None
+        except TokenDrift as drift:
+            per_item = [
+                {
+                    "index": index,
+                    "expected": expected,
+                    "produced": None if drift.produced is None else drift.produced[k],
+                }
+                for k, (index, expected) in enumerate(zip(indices, drift.expected, strict=True))
+            ]
+            raise TokenCountMismatch(
+                f"the encoder produced {drift.produced_total} rows, but the preprocessor predicted "
+                f"{sum(drift.expected)} for items {indices}; the checkpoint's processor and model configs disagree",
+                details={
+                    "expected_total": sum(drift.expected),
+                    "produced_total": drift.produced_total,
+                    "items": per_item,
+                },
+            ) from None
+        except ServiceError:
+            raise
+        except Exception as exc:
+            raise InternalError(f"the encoder failed on this request: {type(exc).__name__}") from exc
+
+
+async def _gather_in_order(
+    indices: Sequence[int], awaitables: Sequence[Any], kinds: Mapping[int, Modality] | None = None
+) -> list[Any]:
+    """Await all; if any failed, raise the failure of the lowest item index, located at that item (its
+    ``image`` or ``video`` field, as ``kinds`` says)."""
+    outcomes = await asyncio.gather(*awaitables, return_exceptions=True)
+    for index, outcome in zip(indices, outcomes, strict=True):
+        if isinstance(outcome, ServiceError):
+            raise outcome.at_item(index, ((kinds or {}).get(index, "image"),))
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return list(outcomes)

@@ -1,1 +1,0 @@
-"""HTTP routes: thin translations between wire shapes and the serving objects."""
