@@ -31,9 +31,9 @@ from mmencode.app.api.sglang import router as sglang_routes
 from mmencode.app.config import Settings
 from mmencode.app.engine.cache import LRUEmbeddingCache, ResponseMemo
 from mmencode.app.engine.engine import Runtime, resolve_device, resolve_dtype
-from mmencode.app.engine.errors import install_error_handlers
 from mmencode.app.http.auth import ApiKeyMiddleware, is_protected
 from mmencode.app.http.body_limit import BodyLimitMiddleware
+from mmencode.app.http.errors import install_error_handlers
 from mmencode.app.http.middleware import RequestContextMiddleware
 from mmencode.app.http.openapi import install_openapi
 from mmencode.app.media.fetch import ImageFetcher

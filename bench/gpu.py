@@ -51,9 +51,9 @@ from bench.server_times import ServerTimes
 from bench.towers import TOWERS, build_tower
 from mmencode.app.engine.engine import resolve_device
 from mmencode.app.engine.threads import SerialTorchThreadPool
-from mmencode.app.http.responses import dumps_json
 from mmencode.app.media.image import decode_image
 from mmencode.app.wire.encodings import embedding_payload
+from mmencode.app.wire.json import dumps_json
 from mmencode.models import load_encoder
 from mmencode.models.base import EncoderAdapter, PreparedImage
 from tests.support import data_uri, decode_rows

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from mmencode.app.http.responses import dumps_json
 from mmencode.app.wire.encodings import embedding_payload
+from mmencode.app.wire.json import dumps_json
 from mmencode.models import load_encoder
 from mmencode.models.tiny import build_tiny
 

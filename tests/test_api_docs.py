@@ -11,8 +11,9 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import BaseModel
 
-from mmencode.app.engine import errors
 from mmencode.app.config import Settings
+from mmencode.app.api.chat.errors import UpstreamRefused
+from mmencode.app.engine import errors
 from mmencode.app.server import create_app
 from mmencode.schemas.embeddings import EmbeddingsRequest, EmbeddingsResponse, ModelList
 from mmencode.schemas.encode import EncodeItem, EncodeRequest, EncodeResponse, EncodingFormat, PrecomputedEmbedding
@@ -51,6 +52,7 @@ def test_every_labelled_example_fits_its_schema(name: str) -> None:
 
 
 def _service_errors() -> list[type[errors.ServiceError]]:
+    """Every error class the app defines (create_app's import brings in every module that defines one)."""
     found, queue = [], [errors.ServiceError]
     while queue:
         cls = queue.pop()
@@ -61,9 +63,9 @@ def _service_errors() -> list[type[errors.ServiceError]]:
 
 def test_the_error_table_lists_exactly_the_codes_the_service_emits() -> None:
     table = {row[0].strip("`"): (row[1], row[2].split(" (")[0].strip("`")) for row in _table_rows(_section("Errors"))}
-    emitted = {cls.code: (str(cls.status), cls.type) for cls in _service_errors() if cls is not errors.UpstreamRefused}
+    emitted = {cls.code: (str(cls.status), cls.type) for cls in _service_errors() if cls is not UpstreamRefused}
     # The front door passes an upstream's error on with the upstream's own status (and type by it).
-    emitted[errors.UpstreamRefused.code] = ("the upstream's", "the upstream's")
+    emitted[UpstreamRefused.code] = ("the upstream's", "the upstream's")
     assert table == emitted
 
 

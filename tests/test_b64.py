@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from mmencode.app.wire.b64 import decode_lenient_padding, decode_strict, encode_ascii
+from mmencode.app.media.b64 import decode_lenient_padding, decode_strict
+from mmencode.app.wire.b64 import encode_ascii
 
 ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
 

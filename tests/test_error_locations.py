@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from mmencode.app.api.openai.router import EMBEDDINGS_LOCATOR
-from mmencode.app.engine.errors import ENCODE_LOCATOR, InvalidImage, ItemLocation, PartialPrecomputed, error_object
+from mmencode.app.engine.errors import InvalidImage, ItemLocation, PartialPrecomputed
+from mmencode.app.http.errors import error_object
+from mmencode.app.http.locators import ENCODE_LOCATOR
 from mmencode.app.peers.sglang.bridge import SGLANG_LOCATOR
 
 
 def test_an_item_error_is_named_by_each_front_end() -> None:
-    error = InvalidImage("not a recognised image format").at_item(2)
+    error = InvalidImage("not a recognised image format").at_item(2, ("image",))
     named = {
         name: error_object(error, "rid", locator)
         for name, locator in (
@@ -27,7 +29,7 @@ def test_an_item_error_is_named_by_each_front_end() -> None:
 
 
 def test_the_layer_that_raised_keeps_its_field() -> None:
-    error = InvalidImage("x", location=ItemLocation(1, ("metadata", "num_patches"))).at_item(4)
+    error = InvalidImage("x", location=ItemLocation(1, ("metadata", "num_patches"))).at_item(4, ("image",))
     assert error_object(error, None)["param"] == "items[1].metadata.num_patches"
     assert error_object(error, None, SGLANG_LOCATOR)["param"] == "mm_items[1].metadata.num_patches"
     hashed = InvalidImage("mismatch", location=ItemLocation(0, ("hash",)))

@@ -24,7 +24,7 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 import pytest
 
-from mmencode.app.engine.errors import ImageFetchFailed, PayloadTooLarge, UrlNotAllowed
+from mmencode.app.engine.errors import MediaFetchFailed, PayloadTooLarge, UrlNotAllowed
 from mmencode.app.media.fetch import ImageFetcher, is_public_address
 from tests.helpers import image_bytes, noise_image
 from tests.support import free_port
@@ -413,7 +413,7 @@ async def test_allow_private_urls(server: ImageServer) -> None:
 async def test_resolution_failure_is_a_fetch_failure() -> None:
     # Not numeric, not in the table: the fake resolver fails like a missing name.
     fetcher = mock_fetcher(_refusing)
-    with pytest.raises(ImageFetchFailed, match="cannot resolve"):
+    with pytest.raises(MediaFetchFailed, match="cannot resolve"):
         await fetcher.fetch("http://no-such-host.invalid/a.png")
     await fetcher.aclose()
 
@@ -558,14 +558,14 @@ async def test_redirect_chain_within_the_limit(server: ImageServer, fetcher: Ima
 
 
 async def test_redirect_chain_over_the_limit(server: ImageServer, fetcher: ImageFetcher) -> None:
-    with pytest.raises(ImageFetchFailed, match="redirect") as caught:
+    with pytest.raises(MediaFetchFailed, match="redirect") as caught:
         await fetcher.fetch(f"{server.url}/chain/4")
     assert caught.value.details is not None and caught.value.details["max_redirects"] == 3
 
 
 async def test_redirect_loop(server: ImageServer, fetcher: ImageFetcher) -> None:
     started = time.monotonic()
-    with pytest.raises(ImageFetchFailed, match="redirect"):
+    with pytest.raises(MediaFetchFailed, match="redirect"):
         await fetcher.fetch(f"{server.url}/loop")
     assert time.monotonic() - started < TIMEOUT
 
@@ -574,7 +574,7 @@ async def test_zero_redirects_allowed(server: ImageServer) -> None:
     fetcher = ImageFetcher(timeout=TIMEOUT, max_redirects=0, max_bytes=MAX_BYTES, allowed_hosts=["127.0.0.1"])
     try:
         assert await fetcher.fetch(f"{server.url}/good.png") == PNG
-        with pytest.raises(ImageFetchFailed, match="redirect"):
+        with pytest.raises(MediaFetchFailed, match="redirect"):
             await fetcher.fetch(f"{server.url}/chain/1")
     finally:
         await fetcher.aclose()
@@ -589,7 +589,7 @@ async def test_redirect_to_localhost_name_is_refused(server: ImageServer, fetche
 
 async def test_redirect_to_invalid_location(server: ImageServer, fetcher: ImageFetcher) -> None:
     # httpx reads "http://[bad" as the host "%5bbad": refused like a bad host in the request, unresolved.
-    with pytest.raises((ImageFetchFailed, UrlNotAllowed), match=r"not a valid|invalid URL"):
+    with pytest.raises((MediaFetchFailed, UrlNotAllowed), match=r"not a valid|invalid URL"):
         await fetcher.fetch(f"{server.url}/redirect?to=http://[bad")
 
 
@@ -599,14 +599,14 @@ async def test_redirect_to_unparseable_location(location: str) -> None:
         return streamed(302, b"", {"Location": location})
 
     fetcher = mock_fetcher(handler, allow_private=True)
-    with pytest.raises((ImageFetchFailed, UrlNotAllowed), match=r"(?i)invalid URL|not a valid"):
+    with pytest.raises((MediaFetchFailed, UrlNotAllowed), match=r"(?i)invalid URL|not a valid"):
         await fetcher.fetch("http://127.0.0.1/a.png")
     await fetcher.aclose()
 
 
 async def test_slow_server_times_out(server: ImageServer, fetcher: ImageFetcher) -> None:
     started = time.monotonic()
-    with pytest.raises(ImageFetchFailed) as caught:
+    with pytest.raises(MediaFetchFailed) as caught:
         await fetcher.fetch(f"{server.url}/slow")
     elapsed = time.monotonic() - started
     assert TIMEOUT * 0.9 <= elapsed < TIMEOUT + 1.0
@@ -626,7 +626,7 @@ async def test_slow_body_hits_the_total_deadline() -> None:
 
     fetcher = mock_fetcher(handler, timeout=0.5, allow_private=True)
     started = time.monotonic()
-    with pytest.raises(ImageFetchFailed, match="took longer"):
+    with pytest.raises(MediaFetchFailed, match="took longer"):
         await fetcher.fetch("http://127.0.0.1/a.png")
     assert time.monotonic() - started < 1.5
     await fetcher.aclose()
@@ -700,23 +700,23 @@ async def test_compressed_body_is_inflated_within_the_limit() -> None:
 
 
 async def test_unsupported_content_encoding(server: ImageServer, fetcher: ImageFetcher) -> None:
-    with pytest.raises(ImageFetchFailed, match="content-encoding"):
+    with pytest.raises(MediaFetchFailed, match="content-encoding"):
         await fetcher.fetch(f"{server.url}/brotli")
 
 
 async def test_truncated_body(server: ImageServer, fetcher: ImageFetcher) -> None:
-    with pytest.raises(ImageFetchFailed, match=r"RemoteProtocolError|ReadError"):
+    with pytest.raises(MediaFetchFailed, match=r"RemoteProtocolError|ReadError"):
         await fetcher.fetch(f"{server.url}/truncated")
 
 
 async def test_http_error_status(server: ImageServer, fetcher: ImageFetcher) -> None:
-    with pytest.raises(ImageFetchFailed, match="404") as caught:
+    with pytest.raises(MediaFetchFailed, match="404") as caught:
         await fetcher.fetch(f"{server.url}/missing")
     assert caught.value.details is not None and caught.value.details["status"] == 404
 
 
 async def test_html_is_not_an_image(server: ImageServer, fetcher: ImageFetcher) -> None:
-    with pytest.raises(ImageFetchFailed, match="text/html"):
+    with pytest.raises(MediaFetchFailed, match="text/html"):
         await fetcher.fetch(f"{server.url}/html")
 
 
@@ -746,12 +746,12 @@ async def test_content_type_sanity(content_type: str, accepted: bool) -> None:
     if accepted:
         assert await fetcher.fetch("http://127.0.0.1/a") == PNG
     else:
-        with pytest.raises(ImageFetchFailed, match="not an image"):
+        with pytest.raises(MediaFetchFailed, match="not an image"):
             await fetcher.fetch("http://127.0.0.1/a")
     await fetcher.aclose()
 
 
 async def test_connection_refused(fetcher: ImageFetcher) -> None:
     port = free_port()  # free a moment ago: nothing listens on it
-    with pytest.raises(ImageFetchFailed, match="ConnectError"):
+    with pytest.raises(MediaFetchFailed, match="ConnectError"):
         await fetcher.fetch(f"http://127.0.0.1:{port}/a.png")

@@ -18,19 +18,13 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
+from mmencode.app.api.chat.errors import UpstreamFailed, UpstreamRefused, UpstreamUnavailable
 from mmencode.app.api.chat.forward import UpstreamForwarder
 from mmencode.app.api.chat.request import ChatItemLocator, parse_chat
 from mmencode.app.api.chat.upstreams import Upstream, UpstreamPool
 from mmencode.app.cli import build_parser
 from mmencode.app.config import Settings
-from mmencode.app.engine.errors import (
-    ModelNotFound,
-    UnsupportedParameter,
-    UpstreamFailed,
-    UpstreamRefused,
-    UpstreamUnavailable,
-    ValidationFailed,
-)
+from mmencode.app.engine.errors import ModelNotFound, UnsupportedParameter, ValidationFailed
 from mmencode.app.metrics import Metrics
 from mmencode.app.server import create_app
 from tests.helpers import asgi_client

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from mmencode.app.engine.errors import ItemLocation, PayloadTooLarge, PrecomputedShapeMismatch, ValidationFailed
-from mmencode.app.wire.b64 import decode_lenient_padding
+from mmencode.app.media.b64 import decode_lenient_padding
 from mmencode.schemas.encode import PrecomputedEmbedding
 
 __all__ = ["decode_precomputed"]

@@ -14,10 +14,20 @@ from collections.abc import Sequence
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from mmencode.app.engine.errors import InvalidApiKey, error_response
+from mmencode.app.engine.errors import InvalidRequest
+from mmencode.app.http.context import context_of
+from mmencode.app.http.errors import error_response
 from mmencode.app.metrics import Metrics
 
-__all__ = ["PROTECTED_PATHS", "ApiKeyMiddleware", "is_protected"]
+__all__ = ["PROTECTED_PATHS", "ApiKeyMiddleware", "InvalidApiKey", "is_protected"]
+
+
+class InvalidApiKey(InvalidRequest):
+    """401 with OpenAI's code, so OpenAI clients raise their ``AuthenticationError``."""
+
+    status = 401
+    code = "invalid_api_key"
+
 
 # What a key guards. An entry ending in "/" guards every path under it; any other entry is one exact
 # path (e.g. a peer protocol's "/encode"). Add routes here when they are added to the app.
@@ -51,8 +61,7 @@ class ApiKeyMiddleware:
         if error is None:
             await self.app(scope, receive, send)
             return
-        state = scope.setdefault("state", {})
-        await error_response(error, state.get("request_id"), self.metrics, state=state)(scope, receive, send)
+        await error_response(error, context_of(scope), self.metrics)(scope, receive, send)
 
     def _refusal(self, authorization: str | None) -> InvalidApiKey | None:
         scheme, _, token = (authorization or "").strip().partition(" ")

@@ -5,7 +5,9 @@ from __future__ import annotations
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mmencode.app.engine.errors import PayloadTooLarge, error_response
+from mmencode.app.engine.errors import PayloadTooLarge
+from mmencode.app.http.context import context_of
+from mmencode.app.http.errors import error_response
 from mmencode.app.metrics import Metrics
 
 __all__ = ["BodyLimitMiddleware"]
@@ -31,10 +33,7 @@ class BodyLimitMiddleware:
         declared = Headers(scope=scope).get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             # Refused from the header alone, without reading a byte of the body.
-            state = scope.setdefault("state", {})
-            response = error_response(
-                self._too_large(int(declared)), state.get("request_id"), self.metrics, state=state
-            )
+            response = error_response(self._too_large(int(declared)), context_of(scope), self.metrics)
             await response(scope, receive, send)
             return
 

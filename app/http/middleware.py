@@ -17,7 +17,9 @@ from starlette.requests import ClientDisconnect
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mmencode.app.engine.errors import PROBE_PATHS, InternalError, error_response
+from mmencode.app.engine.errors import InternalError
+from mmencode.app.http.context import context_of
+from mmencode.app.http.errors import PROBE_PATHS, error_response
 from mmencode.app.metrics import Metrics
 
 __all__ = ["RequestContextMiddleware"]
@@ -43,8 +45,8 @@ class RequestContextMiddleware:
 
         sent = Headers(scope=scope).get("x-request-id", "")
         request_id = sent if _SAFE_REQUEST_ID.fullmatch(sent) else uuid.uuid4().hex
-        state = scope.setdefault("state", {})
-        state["request_id"] = request_id
+        context = context_of(scope)
+        context.request_id = request_id
         started = time.perf_counter()
         is_load = scope.get("path") not in _NOT_LOAD
         if is_load:
@@ -70,7 +72,7 @@ class RequestContextMiddleware:
             if response_started:
                 raise
             error = InternalError(f"internal error; see the server log for request {request_id}")
-            response = error_response(error, request_id, self.metrics, state=state)
+            response = error_response(error, context, self.metrics)
             await response(scope, receive, send_with_id)
         finally:
             if is_load:
@@ -81,7 +83,7 @@ class RequestContextMiddleware:
             self.metrics.requests.labels(route, method, str(status)).inc()
             self.metrics.request_seconds.labels(route, method, str(status)).observe(elapsed)
             # A refused request names its error code; never a header (keys) or a body.
-            code = state.get("error_code")
+            code = context.error_code
             # Probes and scrapes come every few seconds: at debug level, unless one fails unexpectedly
             # (a 503 while loading or draining is expected; the phase changes are logged by the runtime).
             quiet = not is_load and (status < 500 or code == "not_ready")
@@ -93,12 +95,12 @@ class RequestContextMiddleware:
                 method,
                 scope.get("path", "-"),
                 status,
-                state.get("items", "-"),
-                state.get("tokens", "-"),
+                "-" if context.items is None else context.items,
+                "-" if context.tokens is None else context.tokens,
                 elapsed * 1000,
                 f" code={code}" if code else "",
                 # The chat front door's upstream(s) asked, so a slow or failed answer names its server.
-                f" upstream={state['upstream']}" if state.get("upstream") else "",
+                f" upstream={context.upstream}" if context.upstream else "",
             )
 
 

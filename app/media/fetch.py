@@ -23,7 +23,7 @@ from http.cookiejar import CookieJar, DefaultCookiePolicy
 
 import httpx
 
-from mmencode.app.engine.errors import ImageFetchFailed, PayloadTooLarge, UrlNotAllowed
+from mmencode.app.engine.errors import MediaFetchFailed, PayloadTooLarge, UrlNotAllowed
 from mmencode.app.media.image import IMAGE, MediaKind
 
 __all__ = ["ImageFetcher", "is_public_address"]
@@ -114,7 +114,7 @@ class ImageFetcher:
             async with asyncio.timeout(self.timeout):
                 return await self._fetch(url, want)
         except TimeoutError:
-            raise ImageFetchFailed(
+            raise MediaFetchFailed(
                 f"fetching {url} took longer than the timeout of {self.timeout}s",
                 details={"url": url, "reason": "timeout", "timeout": self.timeout},
             ) from None
@@ -130,20 +130,20 @@ class ImageFetcher:
                     current = self._redirect_target(target, response.headers["location"], current)
                     continue
                 if not response.is_success:
-                    raise ImageFetchFailed(
+                    raise MediaFetchFailed(
                         f"{current} answered HTTP {response.status_code}",
                         details={"url": current, "reason": "http_status", "status": response.status_code},
                     )
                 self._check_content_type(response, current, want.kind)
                 return await self._read_capped(response, current, want)
             except httpx.HTTPError as exc:
-                raise ImageFetchFailed(
+                raise MediaFetchFailed(
                     f"reading {current} failed: {_describe(exc)}",
                     details={"url": current, "reason": type(exc).__name__},
                 ) from None
             finally:
                 await response.aclose()
-        raise ImageFetchFailed(
+        raise MediaFetchFailed(
             f"{url} redirected more than {self.max_redirects} times (too many redirects)",
             details={"url": url, "reason": "too_many_redirects", "max_redirects": self.max_redirects},
         )
@@ -169,7 +169,7 @@ class ImageFetcher:
                 failure = exc
                 break
         assert failure is not None
-        raise ImageFetchFailed(
+        raise MediaFetchFailed(
             f"fetching {url} failed: {_describe(failure)}",
             details={"url": url, "reason": type(failure).__name__},
         )
@@ -197,7 +197,7 @@ class ImageFetcher:
         try:
             return str(target.join(location))
         except (httpx.InvalidURL, TypeError, ValueError) as exc:
-            raise ImageFetchFailed(
+            raise MediaFetchFailed(
                 f"{current} redirected to an invalid URL {location!r}: {exc}",
                 details={"url": current, "reason": "invalid_redirect", "location": location},
             ) from None
@@ -209,12 +209,12 @@ class ImageFetcher:
         try:
             infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except OSError as exc:
-            raise ImageFetchFailed(
+            raise MediaFetchFailed(
                 f"cannot resolve {target.host!r}: {exc}", details={"host": target.host, "reason": "dns"}
             ) from None
         addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
         if not addresses:
-            raise ImageFetchFailed(
+            raise MediaFetchFailed(
                 f"{target.host!r} resolves to no address", details={"host": target.host, "reason": "dns"}
             )
         names = {_normalize_host(host), _normalize_host(target.host)}  # IDNA and Unicode spellings
@@ -238,7 +238,7 @@ class ImageFetcher:
             return
         refused = {*_NOT_MEDIA_TYPES, *_MEDIA_TYPES} - {wanted.name}
         if kind in refused or subtype in _NOT_IMAGE_SUBTYPES or subtype.endswith(("+json", "+xml")):
-            raise ImageFetchFailed(
+            raise MediaFetchFailed(
                 f"{url} returned {content_type!r}, not {'an' if wanted.name[0] in 'aeiou' else 'a'} {wanted.name}",
                 details={"url": url, "reason": "content_type", "content_type": content_type},
             )
@@ -261,7 +261,7 @@ class ImageFetcher:
             # Asked for identity, got compression anyway: inflate here, never past the limit (bombs).
             inflater = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib header, detected
         else:
-            raise ImageFetchFailed(
+            raise MediaFetchFailed(
                 f"{url} used content-encoding {encoding!r}, which is not supported",
                 details={"url": url, "reason": "content_encoding", "content_encoding": encoding},
             )
@@ -275,7 +275,7 @@ class ImageFetcher:
                 try:
                     piece = inflater.decompress(data, want.max_bytes - len(body) + 1)
                 except zlib.error as exc:
-                    raise ImageFetchFailed(
+                    raise MediaFetchFailed(
                         f"{url} sent a corrupt compressed body: {exc}",
                         details={"url": url, "reason": "content_encoding"},
                     ) from None

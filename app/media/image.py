@@ -18,7 +18,7 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from mmencode.app.engine.errors import InvalidImage, InvalidRequest, PayloadTooLarge
-from mmencode.app.wire.b64 import decode_strict
+from mmencode.app.media.b64 import decode_strict
 
 __all__ = [
     "IMAGE",

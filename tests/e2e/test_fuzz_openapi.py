@@ -35,7 +35,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from mmencode.app.engine.engine import Runtime
-from mmencode.app.engine.errors import ImageFetchFailed
+from mmencode.app.engine.errors import MediaFetchFailed
 from tests.helpers import LiveServer, data_uri, live_server, noise_image
 
 MAX_EXAMPLES = 40
@@ -113,7 +113,7 @@ def fuzz_server(checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathF
         fetcher = _runtime(server).fetcher
 
         async def refuse(url: str) -> bytes:
-            raise ImageFetchFailed(f"fetching {url} is disabled on this test server", details={"url": url})
+            raise MediaFetchFailed(f"fetching {url} is disabled on this test server", details={"url": url})
 
         # Belt and braces with the URL filter: nothing generated may reach DNS or the network.
         fetcher.fetch = refuse  # type: ignore[method-assign]

@@ -21,8 +21,9 @@ from typing import Any
 import httpx
 import orjson
 
+from mmencode.app.api.chat.errors import UpstreamFailed, UpstreamRefused, UpstreamTimeout
 from mmencode.app.api.chat.upstreams import Upstream, UpstreamPool
-from mmencode.app.engine.errors import ServiceError, UpstreamFailed, UpstreamRefused, UpstreamTimeout
+from mmencode.app.engine.errors import ServiceError
 from mmencode.app.metrics import Metrics
 
 __all__ = ["UpstreamAnswer", "UpstreamForwarder"]

@@ -13,14 +13,9 @@ from typing import Any
 
 import orjson
 
-from mmencode.app.engine.errors import (
-    ErrorLocator,
-    ItemLocation,
-    ServiceError,
-    UnsupportedParameter,
-    ValidationFailed,
-    validation_error,
-)
+from mmencode.app.engine.errors import ItemLocation, ServiceError, UnsupportedParameter, ValidationFailed
+from mmencode.app.http.locators import ErrorLocator
+from mmencode.app.http.validation import validation_error
 
 __all__ = ["ChatImage", "ChatItemLocator", "ChatRequest", "parse_chat"]
 

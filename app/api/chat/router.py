@@ -17,8 +17,9 @@ from starlette.responses import Response, StreamingResponse
 
 from mmencode.app.api.chat.request import ChatItemLocator, parse_chat
 from mmencode.app.api.deps import ChatServiceDep, MetricsDep
-from mmencode.app.engine.errors import RouteNotFound
 from mmencode.app.http.cancellation import cancel_on_disconnect
+from mmencode.app.http.context import context_of
+from mmencode.app.http.errors import RouteNotFound
 from mmencode.app.http.openapi import ERROR_RESPONSES
 
 router = APIRouter(tags=["openai"])
@@ -71,8 +72,10 @@ async def chat_completions(request: Request, service: ChatServiceDep, metrics: M
             "the chat front door is off: start mmencode with --upstream URL (an OpenAI-compatible vLLM server)"
         )
     chat = parse_chat(await request.body())
-    request.state.error_locator = ChatItemLocator.of(chat)
-    request.state.items = len(chat.images)
+    context = context_of(request)
+    # The router's locator names a part by its place in `messages`, which only the parsed request knows.
+    context.locator = ChatItemLocator.of(chat)
+    context.items = len(chat.images)
     tried: list[str] = []
     try:
         if chat.stream:
@@ -89,4 +92,4 @@ async def chat_completions(request: Request, service: ChatServiceDep, metrics: M
         return Response(body, media_type=media_type)
     finally:
         # The access line names the upstream(s) asked: the one that answered last.
-        request.state.upstream = ",".join(tried) or None
+        context.upstream = ",".join(tried) or None

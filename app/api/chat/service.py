@@ -19,13 +19,15 @@ from typing import Literal
 
 import orjson
 
+from mmencode.app.api.chat.errors import EncoderCacheWriteFailed, UpstreamFailed
 from mmencode.app.api.chat.forward import UpstreamAnswer, UpstreamForwarder
 from mmencode.app.api.chat.request import ChatRequest
 from mmencode.app.api.chat.upstreams import UpstreamPool
 from mmencode.app.api.model import ServedModel
-from mmencode.app.engine.errors import EncoderCacheWriteFailed, ServiceError, UpstreamFailed, error_object
+from mmencode.app.engine.errors import ServiceError
 from mmencode.app.engine.scheduler import ItemInput, ItemResult
 from mmencode.app.engine.threads import in_executor
+from mmencode.app.http.errors import error_object
 from mmencode.app.metrics import Metrics
 from mmencode.app.peers.vllm.ec_writer import EncoderCacheWriter
 from mmencode.app.peers.vllm.parts import ec_part, embeds_part

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from mmencode.app.engine.errors import ModelNotFound, UpstreamUnavailable
+from mmencode.app.api.chat.errors import UpstreamUnavailable
+from mmencode.app.engine.errors import ModelNotFound
 from mmencode.app.metrics import Metrics
 
 __all__ = ["Upstream", "UpstreamPool"]

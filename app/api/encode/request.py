@@ -20,8 +20,9 @@ from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
-from mmencode.app.engine.errors import PayloadTooLarge, ServiceError, validation_error
+from mmencode.app.engine.errors import PayloadTooLarge, ServiceError
 from mmencode.app.engine.scheduler import ItemInput
+from mmencode.app.http.validation import validation_error
 from mmencode.app.suggest import did_you_mean
 from mmencode.models.base import VideoSampling
 from mmencode.schemas.encode import EncodeOptions, EncodeRequest

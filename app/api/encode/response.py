@@ -19,8 +19,8 @@ import safetensors.torch
 import torch
 
 from mmencode.app.engine.cache import Payload
-from mmencode.app.http.responses import dumps_json
 from mmencode.app.wire.encodings import binary_rows, data_json
+from mmencode.app.wire.json import dumps_json
 
 if TYPE_CHECKING:
     from mmencode.app.engine.scheduler import ItemResult

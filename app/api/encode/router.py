@@ -14,9 +14,11 @@ from mmencode.app.api.deps import EncodeServiceDep, MetricsDep, SettingsDep
 from mmencode.app.api.encode.negotiation import JSON_MEDIA_TYPE, SAFETENSORS_MEDIA_TYPE, negotiate
 from mmencode.app.api.encode.openapi import ENCODE_DESCRIPTION, ENCODE_REQUEST_BODY, ENCODE_RESPONSES
 from mmencode.app.api.encode.request import parse_json, read_multipart
-from mmencode.app.engine.errors import ENCODE_LOCATOR, locate_errors_as
 from mmencode.app.http.cancellation import cancel_on_disconnect
+from mmencode.app.http.context import context_of
+from mmencode.app.http.errors import locate_errors_as
 from mmencode.app.http.json_body import JiterRoute
+from mmencode.app.http.locators import ENCODE_LOCATOR
 from mmencode.schemas.encode import EncodeOptions, EncodeResponse
 
 router = APIRouter(tags=["encode"], route_class=JiterRoute, dependencies=[Depends(locate_errors_as(ENCODE_LOCATOR))])
@@ -36,9 +38,10 @@ async def encode(request: Request, service: EncodeServiceDep, settings: Settings
     else:
         options, items = parse_json(await request.body())
     media_type = _answer_media_type(options, request.headers.get("accept"))
-    work = service.encode(options, items, binary=media_type != JSON_MEDIA_TYPE, request_id=request.state.request_id)
+    context = context_of(request)
+    work = service.encode(options, items, binary=media_type != JSON_MEDIA_TYPE, request_id=context.request_id)
     answer = await cancel_on_disconnect(request, work, metrics)
-    request.state.items, request.state.tokens = answer.items, answer.tokens
+    context.items, context.tokens = answer.items, answer.tokens
     return Response(answer.body, media_type=media_type, headers={"Vary": "Accept"})
 
 

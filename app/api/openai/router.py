@@ -6,9 +6,11 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from mmencode.app.api.deps import EmbeddingsServiceDep, MetricsDep
-from mmencode.app.engine.errors import ErrorLocator, locate_errors_as
 from mmencode.app.http.cancellation import cancel_on_disconnect
+from mmencode.app.http.context import context_of
+from mmencode.app.http.errors import locate_errors_as
 from mmencode.app.http.json_body import JiterRoute
+from mmencode.app.http.locators import ErrorLocator
 from mmencode.app.http.openapi import ERROR_RESPONSES
 from mmencode.app.http.responses import JSONBytesResponse
 from mmencode.schemas.embeddings import EmbeddingsRequest, EmbeddingsResponse, ModelList
@@ -30,7 +32,8 @@ async def embeddings(
     body: EmbeddingsRequest, request: Request, service: EmbeddingsServiceDep, metrics: MetricsDep
 ) -> Response:
     answer = await cancel_on_disconnect(request, service.embed(body), metrics)
-    request.state.items, request.state.tokens = len(answer["data"]), answer["usage"]["total_tokens"]
+    context = context_of(request)
+    context.items, context.tokens = len(answer["data"]), answer["usage"]["total_tokens"]
     return JSONBytesResponse(answer)
 
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+import torch
+
 from mmencode.app.api.model import ServedModel
 from mmencode.app.engine.errors import UnsupportedParameter
 from mmencode.app.engine.scheduler import ItemInput
-from mmencode.app.http.responses import l2_normalised_mean
 from mmencode.app.wire.b64 import encode_ascii
 from mmencode.schemas.embeddings import EmbeddingsRequest, ModelCard, ModelList
 
@@ -72,3 +74,9 @@ def _item(source: str, modality: str | None) -> ItemInput:
     if modality == "audio" or source[:11].lower() == "data:audio/":
         return ItemInput(audio=source)
     return ItemInput(image=source)
+
+
+def l2_normalised_mean(rows: torch.Tensor) -> np.ndarray:
+    """One vector per image: the mean of its rows, scaled to unit length."""
+    mean = rows.mean(dim=0)
+    return torch.nn.functional.normalize(mean, dim=0).numpy()

@@ -11,20 +11,28 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 import orjson
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
 from mmencode.app.api.deps import MetricsDep, SGLangBridgeDep
-from mmencode.app.engine.errors import ServiceError, error_object, request_id_of, validation_error
+from mmencode.app.engine.errors import ServiceError
 from mmencode.app.http.cancellation import cancel_on_disconnect
+from mmencode.app.http.context import context_of
+from mmencode.app.http.errors import error_object, locate_errors_as
 from mmencode.app.http.json_body import JiterRoute
 from mmencode.app.http.responses import JSONBytesResponse
+from mmencode.app.http.validation import validation_error
 from mmencode.app.metrics import Metrics
 from mmencode.app.peers.sglang.bridge import SGLANG_LOCATOR
 from mmencode.schemas.sglang import SGLANG_VERSION, SGLangEncodeRequest, SGLangReceiveUrlRequest
 
-router = APIRouter(tags=["sglang"], include_in_schema=False, route_class=JiterRoute)
+router = APIRouter(
+    tags=["sglang"],
+    include_in_schema=False,
+    route_class=JiterRoute,
+    dependencies=[Depends(locate_errors_as(SGLANG_LOCATOR))],
+)
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -37,8 +45,9 @@ async def encode(request: Request, bridge: SGLangBridgeDep, metrics: MetricsDep)
         results = await cancel_on_disconnect(request, bridge.encode(body), metrics)
     except ServiceError as error:
         return _error(request, metrics, error, _req_id_of(raw))
-    request.state.items = len(results)
-    request.state.tokens = sum(r.num_tokens for r in results)
+    context = context_of(request)
+    context.items = len(results)
+    context.tokens = sum(r.num_tokens for r in results)
     return JSONBytesResponse(None)
 
 
@@ -71,8 +80,9 @@ def _req_id_of(raw: bytes) -> Any:
 def _error(request: Request, metrics: Metrics, error: ServiceError, req_id: Any) -> Response:
     """SGLang's failure answer, with mmencode's error object (items named as SGLang names them) beside it."""
     metrics.errors.labels(error.code).inc()
-    request.state.error_code = error.code
-    located = error_object(error, request_id_of(request), SGLANG_LOCATOR)
+    context = context_of(request)
+    context.error_code = error.code
+    located = error_object(error, context.request_id, context.locator)
     body = {
         "status": "error",
         "message": f"{error.code}: {located['message']}",

@@ -35,7 +35,6 @@ import torch
 import zmq
 
 from mmencode.app.engine.errors import (
-    ErrorLocator,
     InternalError,
     InvalidImage,
     InvalidRequest,
@@ -44,6 +43,7 @@ from mmencode.app.engine.errors import (
     ServiceError,
 )
 from mmencode.app.engine.scheduler import ItemInput, ItemResult
+from mmencode.app.http.locators import ErrorLocator
 from mmencode.app.media.audio import AUDIO
 from mmencode.app.media.fetch import ImageFetcher
 from mmencode.app.media.image import decode_base64_file, decode_inline_image, is_url
