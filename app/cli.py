@@ -25,7 +25,7 @@ from mmencode.app.config import Settings, misspelt_security_settings, unknown_en
 from mmencode.models.catalog import CATALOG, TINY_FAMILIES, catalog_text
 
 if TYPE_CHECKING:
-    from mmencode.app.engine.engine import Runtime
+    from mmencode.app.engine.engine import Engine
 
 __all__ = ["main", "tuned_for_serving"]
 
@@ -215,7 +215,7 @@ def _is_loopback(host: str) -> bool:
 
 
 @contextlib.contextmanager
-def tuned_for_serving(runtime: Runtime) -> Iterator[None]:
+def tuned_for_serving(engine: Engine) -> Iterator[None]:
     """What ``mmencode serve`` changes in its process for speed under load (bench/README.md), and
     ``create_app`` never does: two apps in one process (tests) would change each other's. Enter it in the
     thread that runs the event loop. The loop's default executor is replaced once it runs (``serve``).
@@ -237,11 +237,11 @@ def tuned_for_serving(runtime: Runtime) -> Iterator[None]:
     keep_large_blocks_in_heap()
     torch.set_num_threads(torch.get_num_threads())  # the same count, for its process-wide MKL setting
     serial_torch_ops()
-    runtime.on_ready = freeze_loaded_objects
+    engine.on_ready = freeze_loaded_objects
     try:
         yield
     finally:
-        runtime.on_ready = None
+        engine.on_ready = None
         gc.unfreeze()
 
 
@@ -274,12 +274,12 @@ def serve(settings: Settings) -> int:
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
     app = create_app(settings)
-    runtime = app.state.runtime
+    engine = app.state.engine
 
     class DrainingServer(uvicorn.Server):
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             # Readiness turns 503 at the signal, before uvicorn waits for in-flight requests.
-            runtime.begin_drain()
+            engine.begin_drain()
             super().handle_exit(sig, frame)
 
         async def serve(self, sockets: list[socket.socket] | None = None) -> None:
@@ -304,11 +304,11 @@ def serve(settings: Settings) -> int:
         # A server that can never become ready exits, so a restart policy or liveness probe can act.
         server.should_exit = True
 
-    runtime.on_failure = stop_on_load_failure
-    with tuned_for_serving(runtime):
+    engine.on_failure = stop_on_load_failure
+    with tuned_for_serving(engine):
         server.run()
-    if runtime.phase is Phase.FAILED:
-        print(f"mmencode: error: the model failed to load: {runtime.failure}", file=sys.stderr)
+    if engine.phase is Phase.FAILED:
+        print(f"mmencode: error: the model failed to load: {engine.failure}", file=sys.stderr)
         return 1
     return 0
 

@@ -1,12 +1,13 @@
-"""Assembles the application: ``create_app(settings)`` is the only place serving objects are built.
+"""The composition root: ``create_app(settings)`` is the one place the service's objects are built.
 
-It builds what every API shares (metrics, the fetcher, the local cache, the response memo, the peers'
-writers, the chat front door's upstreams) and one serving object per API, and hands the model's
-lifecycle to :class:`Runtime`, which builds what can exist only once the model is loaded (worker,
-scheduler, the shared cache tier).
+The engine side comes whole from :meth:`Engine.from_settings` (fetcher, media loader, caches, and once
+the model is loaded the worker and the scheduler); the peers' writers, the chat front door's upstreams
+and one service per API are built here, and the HTTP layer (middleware, error handlers, the OpenAPI
+document) is wrapped around them.
 
 It changes nothing outside the app (GC, the event loop's executor, other threads' torch settings):
-process-wide tuning is `mmencode serve`'s (app/cli.py), so several apps can live in one process.
+process-wide tuning is ``mmencode serve``'s (app/cli.py, app/process/), so several apps can live in
+one process.
 """
 
 from __future__ import annotations
@@ -27,16 +28,15 @@ from mmencode.app.api.encode import router as encode
 from mmencode.app.api.encode.service import EncodeService
 from mmencode.app.api.openai import router as embeddings
 from mmencode.app.api.openai.service import EmbeddingsService
-from mmencode.app.api.sglang import router as sglang_routes
+from mmencode.app.api.sglang import router as sglang
 from mmencode.app.config import Settings
-from mmencode.app.engine.cache import LRUEmbeddingCache, ResponseMemo
-from mmencode.app.engine.engine import Runtime, resolve_device, resolve_dtype
+from mmencode.app.engine.cache import ResponseMemo
+from mmencode.app.engine.engine import Engine, resolve_device, resolve_dtype
 from mmencode.app.http.auth import ApiKeyMiddleware, is_protected
 from mmencode.app.http.body_limit import BodyLimitMiddleware
 from mmencode.app.http.errors import install_error_handlers
 from mmencode.app.http.middleware import RequestContextMiddleware
 from mmencode.app.http.openapi import install_openapi
-from mmencode.app.media.fetch import ImageFetcher
 from mmencode.app.metrics import Metrics
 from mmencode.app.peers.sglang.bridge import SGLangEncoderBridge
 from mmencode.app.peers.vllm.ec_writer import EncoderCacheWriter
@@ -46,37 +46,39 @@ __all__ = ["create_app"]
 
 def create_app(settings: Settings) -> FastAPI:
     metrics = Metrics()
-    fetcher = ImageFetcher(
-        timeout=settings.url_fetch_timeout,
-        max_redirects=settings.url_max_redirects,
-        max_bytes=settings.max_image_bytes,
-        allow_private=settings.allow_private_urls,
-        allowed_hosts=settings.allowed_url_hosts,
-    )
-    runtime = Runtime(settings, metrics=metrics, fetcher=fetcher, local_cache=LRUEmbeddingCache(settings.cache_bytes))
+    engine = Engine.from_settings(settings, metrics)
     # Peers' formats: vLLM's encoder-cache files (opt-in) and SGLang's encoder protocol.
     ec_writer = (
-        EncoderCacheWriter(settings.ec_shared_storage, _ec_dtype(settings), metrics, executor=runtime.io_executor)
+        EncoderCacheWriter(settings.ec_shared_storage, _ec_dtype(settings), metrics, executor=engine.io_executor)
         if settings.ec_shared_storage is not None
         else None
     )
     sglang_bridge = SGLangEncoderBridge(
-        lambda items: runtime.scheduler.encode(items),
-        fetcher,
-        max_image_bytes=settings.max_image_bytes,
-        max_video_bytes=settings.max_video_bytes,
-        max_audio_bytes=settings.max_audio_bytes,
+        engine.encode,
+        engine.media,
         dtype=settings.sglang_dtype,
         push_timeout_s=settings.sglang_push_timeout,
         metrics=metrics,
     )
-
     front_door = FrontDoor.build(settings, metrics) if settings.upstream else None
+
+    # One service per API; routes parse, call one of them, render.
+    memo = ResponseMemo(settings.response_memo_bytes)
+    metrics.response_memo_bytes.set_function(lambda: float(memo.nbytes))
+    encode_service = EncodeService(engine, memo=memo, ec_writer=ec_writer, executor=engine.io_executor)
+    embeddings_service = EmbeddingsService(
+        engine, upstream_models=front_door.pool.models if front_door is not None else None
+    )
+    chat_service = (
+        ChatService.start(engine, front_door, metrics, settings=settings, ec_writer=ec_writer)
+        if front_door is not None
+        else None
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # Load in the background: /health answers while the model loads, /ready waits for it.
-        loading = asyncio.create_task(runtime.start(), name="mmencode-load")
+        loading = asyncio.create_task(engine.start(), name="mmencode-load")
         if front_door is not None:
             front_door.pool.start()
         try:
@@ -86,11 +88,11 @@ def create_app(settings: Settings) -> FastAPI:
                 loading.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await loading
-            await runtime.stop()
+            await engine.stop()
             if front_door is not None:
                 await front_door.aclose()
             await sglang_bridge.aclose()
-            await fetcher.aclose()
+            await engine.fetcher.aclose()
 
     # FastAPI with /docs and /redoc assets served from the installed package instead of a CDN.
     app = FastAPIOffline(
@@ -102,29 +104,11 @@ def create_app(settings: Settings) -> FastAPI:
         swagger_ui_parameters={"validatorUrl": None},
     )
     app.state.settings = settings
-    app.state.runtime = runtime
+    app.state.engine = engine
     app.state.metrics = metrics
-    # One serving object per API; routes parse, call one of them, render.
-    memo = ResponseMemo(settings.response_memo_bytes)
-    metrics.response_memo_bytes.set_function(lambda: float(memo.nbytes))
-    app.state.encode_service = EncodeService(runtime, memo=memo, ec_writer=ec_writer, executor=runtime.io_executor)
-    app.state.embeddings_service = EmbeddingsService(
-        runtime, upstream_models=front_door.pool.models if front_door is not None else None
-    )
-    app.state.chat_service = (
-        ChatService(
-            runtime,
-            front_door.pool,
-            front_door.forwarder,
-            metrics,
-            transport=settings.upstream_transport,
-            dtype=settings.upstream_dtype,
-            ec_writer=ec_writer,
-            executor=runtime.io_executor,
-        )
-        if front_door is not None
-        else None
-    )
+    app.state.encode_service = encode_service
+    app.state.embeddings_service = embeddings_service
+    app.state.chat_service = chat_service
     app.state.sglang_bridge = sglang_bridge
     # Outermost last: the request context wraps everything, the body limit sits inside it.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, metrics=metrics)
@@ -134,7 +118,7 @@ def create_app(settings: Settings) -> FastAPI:
         app.add_middleware(ApiKeyMiddleware, keys=api_keys, metrics=metrics)
     app.add_middleware(RequestContextMiddleware, metrics=metrics)
     install_error_handlers(app)
-    routers = (encode.router, embeddings.router, chat.router, health.router, sglang_routes.router)
+    routers = (encode.router, embeddings.router, chat.router, health.router, sglang.router)
     for router in routers:
         app.include_router(router)
     install_openapi(app, routers, bearer_protected=is_protected if api_keys else None)

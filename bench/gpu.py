@@ -55,7 +55,7 @@ from mmencode.app.media.image import decode_image
 from mmencode.app.wire.encodings import embedding_payload
 from mmencode.app.wire.json import dumps_json
 from mmencode.models import load_encoder
-from mmencode.models.base import EncoderAdapter, PreparedImage
+from mmencode.models.base import EncoderAdapter, PreparedItem
 from tests.support import data_uri, decode_rows
 
 _MAX_PIXELS = 10**9
@@ -171,7 +171,7 @@ def measure_backends(adapter: EncoderAdapter, jpegs: Sequence[bytes]) -> dict[st
 
 
 def measure_bare(
-    adapter: EncoderAdapter, prepared: Sequence[PreparedImage], batch_sizes: Sequence[int], seconds: float
+    adapter: EncoderAdapter, prepared: Sequence[PreparedItem], batch_sizes: Sequence[int], seconds: float
 ) -> dict[str, Any]:
     """Images/s of ``adapter.forward`` at each batch size, each run for about ``seconds`` after a warm-up."""
     per_batch: dict[int, float] = {}

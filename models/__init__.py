@@ -10,7 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from mmencode.models.base import EncoderAdapter, EncoderOutput, PreparedImage
+    from mmencode.models.base import EncoderAdapter, EncoderOutput, PreparedItem
     from mmencode.models.errors import CheckpointError, MetadataError
     from mmencode.models.registry import check_checkpoint, load_encoder, supported_families
 
@@ -20,7 +20,7 @@ _HOMES = {
     "EncoderAdapter": ".base",
     "EncoderOutput": ".base",
     "MetadataError": ".errors",
-    "PreparedImage": ".base",
+    "PreparedItem": ".base",
     "check_checkpoint": ".registry",
     "load_encoder": ".registry",
     "supported_families": ".registry",
@@ -31,7 +31,7 @@ __all__ = [
     "EncoderAdapter",
     "EncoderOutput",
     "MetadataError",
-    "PreparedImage",
+    "PreparedItem",
     "check_checkpoint",
     "load_encoder",
     "supported_families",

@@ -33,7 +33,7 @@ SamplingRule = Literal["checkpoint", "sglang"]
 
 
 @dataclass(frozen=True, slots=True)
-class PreparedImage:
+class PreparedItem:
     """One preprocessed image, ready to be batched with others of the same model."""
 
     # Every tensor is concatenated along dim 0 when items are batched.
@@ -178,7 +178,7 @@ class EncoderAdapter(abc.ABC):
         return self.hidden_size
 
     @abc.abstractmethod
-    def preprocess(self, image: Image.Image) -> PreparedImage:
+    def preprocess(self, image: Image.Image) -> PreparedItem:
         """Run the checkpoint's image processor on one RGB image. Thread-safe, CPU only."""
 
     @abc.abstractmethod
@@ -200,7 +200,7 @@ class EncoderAdapter(abc.ABC):
         ``sampling``: decided before decoding, so only those are converted and held."""
         raise UnsupportedModalityError(f"{self.family} models take images only")
 
-    def preprocess_video(self, video: DecodedVideo, sampling: VideoSampling) -> PreparedImage:
+    def preprocess_video(self, video: DecodedVideo, sampling: VideoSampling) -> PreparedItem:
         """Run the checkpoint's video processor on the frames :meth:`video_frames_to_keep` chose. Thread-safe,
         CPU only."""
         raise UnsupportedModalityError(f"{self.family} models take images only")
@@ -229,7 +229,7 @@ class EncoderAdapter(abc.ABC):
         """The longest clip the feature extractor takes whole (Whisper's: 30 s); ``None`` for no bound."""
         return None
 
-    def preprocess_audio(self, audio: DecodedAudio) -> PreparedImage:
+    def preprocess_audio(self, audio: DecodedAudio) -> PreparedItem:
         """Run the checkpoint's feature extractor on one clip. Thread-safe, CPU only."""
         raise UnsupportedModalityError(f"{self.family} models take no audio")
 
@@ -254,16 +254,16 @@ class EncoderAdapter(abc.ABC):
             return self.video_tokens_from_metadata(metadata)
         return self.audio_tokens_from_metadata(metadata) if modality == "audio" else self.tokens_from_metadata(metadata)
 
-    def warmup_item(self) -> PreparedImage:
+    def warmup_item(self) -> PreparedItem:
         """The small item the warm-up forward and the CPU thread calibration encode."""
         return self.preprocess(self.warmup_image())
 
     @abc.abstractmethod
-    def _forward(self, batch: dict[str, torch.Tensor], items: Sequence[PreparedImage]) -> EncoderOutput:
+    def _forward(self, batch: dict[str, torch.Tensor], items: Sequence[PreparedItem]) -> EncoderOutput:
         """Run the tower on tensors already collated and moved to the device."""
 
     # ----- shared behaviour -----
-    def forward(self, items: Sequence[PreparedImage]) -> EncoderOutput:
+    def forward(self, items: Sequence[PreparedItem]) -> EncoderOutput:
         """Encode a batch. Blocking: call it from the worker's thread, never from the event loop."""
         batch = {name: tensor.to(self.device) for name, tensor in self.collate(items).items()}
         for name in self.float_inputs:
@@ -273,7 +273,7 @@ class EncoderAdapter(abc.ABC):
             out = self._forward(batch, items)
         return EncoderOutput(rows=out.rows.float().cpu(), rows_per_item=out.rows_per_item)
 
-    def collate(self, items: Sequence[PreparedImage]) -> dict[str, torch.Tensor]:
+    def collate(self, items: Sequence[PreparedItem]) -> dict[str, torch.Tensor]:
         """Join the items' tensors into one batch; families whose images keep their own sizes pad here."""
         return {name: torch.cat([item.tensors[name] for item in items]) for name in items[0].tensors}
 

@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 from transformers import CLIPImageProcessorPil, CLIPVisionModel, SiglipImageProcessorPil, SiglipVisionModel
 
-from mmencode.models.base import EncoderAdapter, EncoderOutput, PreparedImage
+from mmencode.models.base import EncoderAdapter, EncoderOutput, PreparedItem
 from mmencode.models.fixed_preprocess import FixedResolutionPreprocessor, TorchvisionFixedResolutionPreprocessor
 
 
@@ -45,11 +45,11 @@ class SiglipAdapter(EncoderAdapter):
         patch = int(self.config.patch_size)
         return (height // patch) * (width // patch) + self.class_tokens
 
-    def preprocess(self, image: Image.Image) -> PreparedImage:
+    def preprocess(self, image: Image.Image) -> PreparedItem:
         pixel_values = self.fast_preprocessor(image) if self.fast_preprocessor is not None else None
         if pixel_values is None:
             pixel_values = self.processor(images=[image], return_tensors="pt")["pixel_values"]
-        return PreparedImage(
+        return PreparedItem(
             tensors={"pixel_values": pixel_values},
             metadata={},
             num_tokens=self._rows_for(pixel_values.shape[-2], pixel_values.shape[-1]),
@@ -59,7 +59,7 @@ class SiglipAdapter(EncoderAdapter):
         size = int(self.config.image_size)
         return self._rows_for(size, size)
 
-    def _forward(self, batch: dict[str, torch.Tensor], items: Sequence[PreparedImage]) -> EncoderOutput:
+    def _forward(self, batch: dict[str, torch.Tensor], items: Sequence[PreparedItem]) -> EncoderOutput:
         hidden = self.module(pixel_values=batch["pixel_values"]).last_hidden_state
         count, rows, width = hidden.shape
         return EncoderOutput(rows=hidden.reshape(count * rows, width), rows_per_item=[rows] * count)

@@ -23,7 +23,7 @@ from PIL import Image
 from transformers import AutoModel, Gemma3Config, Gemma3ImageProcessorPil
 from transformers.models.gemma3.modeling_gemma3 import Gemma3MultiModalProjector
 
-from mmencode.models.base import EncoderAdapter, EncoderOutput, PreparedImage
+from mmencode.models.base import EncoderAdapter, EncoderOutput, PreparedItem
 from mmencode.models.errors import MetadataError
 from mmencode.models.weights import transformers4_layout
 
@@ -68,10 +68,10 @@ class Gemma3Adapter(EncoderAdapter):
     def pan_and_scan(self) -> bool:
         return bool(getattr(self.processor, "do_pan_and_scan", False))
 
-    def preprocess(self, image: Image.Image) -> PreparedImage:
+    def preprocess(self, image: Image.Image) -> PreparedItem:
         out = self.processor(images=[image], return_tensors="pt")
         crops = int(out[_CROPS][0])
-        return PreparedImage(
+        return PreparedItem(
             tensors={"pixel_values": out["pixel_values"]},
             metadata={_CROPS: crops},
             num_tokens=(1 + crops) * self.rows_per_view,
@@ -89,7 +89,7 @@ class Gemma3Adapter(EncoderAdapter):
             raise MetadataError(_CROPS, f"must be 0: this checkpoint makes no crops, got {crops}", missing=False)
         return (1 + crops) * self.rows_per_view
 
-    def _forward(self, batch: dict[str, torch.Tensor], items: Sequence[PreparedImage]) -> EncoderOutput:
+    def _forward(self, batch: dict[str, torch.Tensor], items: Sequence[PreparedItem]) -> EncoderOutput:
         views = self.module(batch["pixel_values"])
         count, rows, width = views.shape
         per_item = [(1 + item.metadata[_CROPS]) * rows for item in items]

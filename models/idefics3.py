@@ -20,7 +20,7 @@ from transformers import Idefics3Config, Idefics3ImageProcessorPil, SmolVLMImage
 from transformers.models.idefics3.modeling_idefics3 import Idefics3Connector, Idefics3VisionTransformer
 from transformers.models.smolvlm.modeling_smolvlm import SmolVLMConnector, SmolVLMVisionTransformer
 
-from mmencode.models.base import EncoderAdapter, EncoderOutput, PreparedImage
+from mmencode.models.base import EncoderAdapter, EncoderOutput, PreparedItem
 
 _GRID = "crop_grid"
 
@@ -76,12 +76,12 @@ class Idefics3Adapter(EncoderAdapter):
         own = (vision.image_size // vision.patch_size) ** 2 // self.config.scale_factor**2
         return int(self.processor_config.setting("image_seq_len", own))
 
-    def preprocess(self, image: Image.Image) -> PreparedImage:
+    def preprocess(self, image: Image.Image) -> PreparedItem:
         out = self.processor(images=[[image]], return_tensors="pt", return_row_col_info=True)
         rows, cols = int(out["rows"][0][0]), int(out["cols"][0][0])
         # One image per call: no padding views, every view is real.
         pixel_values = out["pixel_values"][0]
-        return PreparedImage(
+        return PreparedItem(
             tensors={"pixel_values": pixel_values, "pixel_attention_mask": out["pixel_attention_mask"][0]},
             metadata={_GRID: [rows, cols]},
             num_tokens=_views(rows, cols) * self.rows_per_view,
@@ -91,7 +91,7 @@ class Idefics3Adapter(EncoderAdapter):
         grid = self._int_list(metadata, _GRID, ("rows", "cols"), minimum=0)
         return _views(*grid) * self.rows_per_view
 
-    def _forward(self, batch: dict[str, torch.Tensor], items: Sequence[PreparedImage]) -> EncoderOutput:
+    def _forward(self, batch: dict[str, torch.Tensor], items: Sequence[PreparedItem]) -> EncoderOutput:
         views = self.module(batch["pixel_values"], batch["pixel_attention_mask"])
         count, rows, width = views.shape
         per_item = [_views(*item.metadata[_GRID]) * rows for item in items]

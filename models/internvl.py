@@ -18,7 +18,7 @@ from PIL import Image
 from transformers import AutoModel, GotOcr2ImageProcessorPil, InternVLConfig, InternVLVisionConfig, Qwen2Config
 from transformers.models.internvl.modeling_internvl import InternVLMultiModalProjector
 
-from mmencode.models.base import EncoderAdapter, EncoderOutput, PreparedImage
+from mmencode.models.base import EncoderAdapter, EncoderOutput, PreparedItem
 from mmencode.models.errors import CheckpointError
 from mmencode.models.processor_config import ProcessorConfig
 from mmencode.models.weights import FusedQKV, KeyMap, load_config_json, renamed
@@ -77,13 +77,13 @@ class InternVLAdapter(EncoderAdapter):
         patches = (vision.image_size[0] // vision.patch_size[0]) * (vision.image_size[1] // vision.patch_size[1])
         return int(patches * self.config.downsample_ratio**2)
 
-    def preprocess(self, image: Image.Image) -> PreparedImage:
+    def preprocess(self, image: Image.Image) -> PreparedItem:
         # InternVLProcessor always asks for tiles (the image processor's own default is off); an
         # OpenGVLab config may turn dynamic tiling off (dynamic_image_size).
         crop = bool(self.processor_config.processor.get("crop_to_patches", True))
         out = self.processor(images=[image], crop_to_patches=crop, return_tensors="pt")
         num_patches = int(out["num_patches"][0])
-        return PreparedImage(
+        return PreparedItem(
             tensors={"pixel_values": out["pixel_values"]},
             metadata={"num_patches": num_patches},
             num_tokens=num_patches * self.rows_per_tile,
@@ -92,7 +92,7 @@ class InternVLAdapter(EncoderAdapter):
     def tokens_from_metadata(self, metadata: Mapping[str, Any]) -> int:
         return self._int_field(metadata, "num_patches") * self.rows_per_tile
 
-    def _forward(self, batch: dict[str, torch.Tensor], items: Sequence[PreparedImage]) -> EncoderOutput:
+    def _forward(self, batch: dict[str, torch.Tensor], items: Sequence[PreparedItem]) -> EncoderOutput:
         tiles = self.module(batch["pixel_values"])
         count, rows, width = tiles.shape
         per_item = [item.metadata["num_patches"] * rows for item in items]

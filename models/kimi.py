@@ -24,7 +24,7 @@ import torch
 from transformers import Kimi_K25Config
 from transformers.models.kimi_k25.modeling_kimi_k25 import Kimi_K25MultimodalProjection, Kimi_K25VisionModel
 
-from mmencode.models.base import EncoderOutput, PreparedImage
+from mmencode.models.base import EncoderOutput, PreparedItem
 from mmencode.models.optional import require_torchvision, require_torchvision_backend
 from mmencode.models.processor_backend import Backend
 from mmencode.models.processor_config import ProcessorConfig
@@ -116,7 +116,7 @@ class KimiAdapter(Qwen2VLAdapter):
     def hidden_size(self) -> int:
         return int(self.config.text_config.hidden_size)
 
-    def _forward(self, batch: dict[str, torch.Tensor], items: Sequence[PreparedImage]) -> EncoderOutput:
+    def _forward(self, batch: dict[str, torch.Tensor], items: Sequence[PreparedItem]) -> EncoderOutput:
         rows = self.module(batch["pixel_values"], batch["image_grid_thw"])
         # One packed sequence for the whole batch: only the total row count is observable.
         return EncoderOutput(rows=rows, rows_per_item=None)

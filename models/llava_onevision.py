@@ -29,7 +29,7 @@ from transformers.models.llava_onevision.modeling_llava_onevision import (
     LlavaOnevisionMultiModalProjector,
 )
 
-from mmencode.models.base import EncoderAdapter, EncoderOutput, PreparedImage
+from mmencode.models.base import EncoderAdapter, EncoderOutput, PreparedItem
 from mmencode.models.weights import transformers4_layout
 
 _SIZES = "image_sizes"
@@ -121,10 +121,10 @@ class LlavaOnevisionAdapter(EncoderAdapter):
         rows = num_image_tokens + unpadded + newlines
         return rows - 1 if strategy == "default" else rows
 
-    def preprocess(self, image: Image.Image) -> PreparedImage:
+    def preprocess(self, image: Image.Image) -> PreparedItem:
         out = self.processor(images=[image], return_tensors="pt")
         height, width = (int(v) for v in out["image_sizes"][0])
-        return PreparedImage(
+        return PreparedItem(
             tensors={"pixel_values": out["pixel_values"][0], "image_sizes": out["image_sizes"]},
             metadata={_SIZES: [height, width]},
             num_tokens=self.count_rows(height, width),
@@ -133,7 +133,7 @@ class LlavaOnevisionAdapter(EncoderAdapter):
     def tokens_from_metadata(self, metadata: Mapping[str, Any]) -> int:
         return self.count_rows(*self._int_list(metadata, _SIZES, ("height", "width")))
 
-    def _forward(self, batch: dict[str, torch.Tensor], items: Sequence[PreparedImage]) -> EncoderOutput:
+    def _forward(self, batch: dict[str, torch.Tensor], items: Sequence[PreparedItem]) -> EncoderOutput:
         tiles = [int(item.tensors["pixel_values"].shape[0]) for item in items]
         rows, lengths = self.module(batch["pixel_values"], batch["image_sizes"], tiles)
         return EncoderOutput(rows=rows, rows_per_item=lengths)

@@ -20,7 +20,7 @@ from PIL import Image
 from transformers import AutoModel, Mistral3Config, PixtralImageProcessorPil
 from transformers.models.mistral3.modeling_mistral3 import Mistral3MultiModalProjector
 
-from mmencode.models.base import EncoderAdapter, EncoderOutput, PreparedImage
+from mmencode.models.base import EncoderAdapter, EncoderOutput, PreparedItem
 
 _SIZES = "image_sizes"
 
@@ -67,12 +67,12 @@ class Mistral3Adapter(EncoderAdapter):
     def _rows(self, height: int, width: int) -> int:
         return (height // self.tokens_side) * (width // self.tokens_side)
 
-    def preprocess(self, image: Image.Image) -> PreparedImage:
+    def preprocess(self, image: Image.Image) -> PreparedItem:
         # As PixtralProcessor calls its image processor: resized to multiples of patch * merge, not of
         # the patch alone (a 37x101 image is 112x48, 21 rows; rounding to the patch gave 104x40, 12 rows).
         out = self.processor(images=[image], return_tensors="pt", patch_size=self.tokens_side)
         height, width = (int(v) for v in out["image_sizes"][0])
-        return PreparedImage(
+        return PreparedItem(
             tensors={"pixel_values": out["pixel_values"], "image_sizes": torch.tensor([[height, width]])},
             metadata={_SIZES: [height, width]},
             num_tokens=self._rows(height, width),
@@ -81,7 +81,7 @@ class Mistral3Adapter(EncoderAdapter):
     def tokens_from_metadata(self, metadata: Mapping[str, Any]) -> int:
         return self._rows(*self._int_list(metadata, _SIZES, ("height", "width")))
 
-    def collate(self, items: Sequence[PreparedImage]) -> dict[str, torch.Tensor]:
+    def collate(self, items: Sequence[PreparedItem]) -> dict[str, torch.Tensor]:
         # Images keep their own sizes: pad to the largest, as the processor pads a batch; the tower
         # crops each back to its image_sizes, so the padding never reaches a row.
         height = max(int(item.tensors["pixel_values"].shape[-2]) for item in items)
@@ -95,7 +95,7 @@ class Mistral3Adapter(EncoderAdapter):
         ]
         return {"pixel_values": torch.cat(padded), "image_sizes": torch.cat([i.tensors["image_sizes"] for i in items])}
 
-    def _forward(self, batch: dict[str, torch.Tensor], items: Sequence[PreparedImage]) -> EncoderOutput:
+    def _forward(self, batch: dict[str, torch.Tensor], items: Sequence[PreparedItem]) -> EncoderOutput:
         rows = self.module(batch["pixel_values"], batch["image_sizes"])
         # The merger's output is one packed sequence; per image it is what the sizes imply.
         return EncoderOutput(rows=rows, rows_per_item=None)

@@ -36,7 +36,7 @@ from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import (
     _get_feat_extract_output_lengths as qwen3_omni_rows_of_frames,
 )
 
-from mmencode.models.base import DecodedAudio, EncoderAdapter, EncoderOutput, PreparedImage
+from mmencode.models.base import DecodedAudio, EncoderAdapter, EncoderOutput, PreparedItem
 from mmencode.models.errors import MetadataError, UnsupportedModalityError
 from mmencode.models.processor_backend import Backend
 from mmencode.models.processor_config import ProcessorConfig, read_processor_config
@@ -102,7 +102,7 @@ class _AudioAdapter(EncoderAdapter):
     def max_frames(self) -> int:
         return int(self.processor.nb_max_frames)
 
-    def preprocess(self, image: Image.Image) -> PreparedImage:
+    def preprocess(self, image: Image.Image) -> PreparedItem:
         raise UnsupportedModalityError(f"{self.family} models take audio only")
 
     def tokens_from_metadata(self, metadata: Mapping[str, Any]) -> int:
@@ -116,7 +116,7 @@ class _AudioAdapter(EncoderAdapter):
         """Rows of clips of ``frames`` mel frames, as the family's processor counts its placeholders."""
         return rows_of_frames(frames)
 
-    def preprocess_audio(self, audio: DecodedAudio) -> PreparedImage:
+    def preprocess_audio(self, audio: DecodedAudio) -> PreparedItem:
         padding: dict[str, Any] = {"padding": "max_length"} if self.windowed else {"padding": True, "truncation": False}
         out = self.processor(
             [audio.samples],
@@ -127,7 +127,7 @@ class _AudioAdapter(EncoderAdapter):
         )
         mask = out["attention_mask"]
         frames = int(mask.sum())
-        return PreparedImage(
+        return PreparedItem(
             tensors={"input_features": out["input_features"], "feature_attention_mask": mask},
             metadata={"audio_feature_length": frames},
             num_tokens=int(self.rows_of(torch.tensor(frames))),
@@ -143,7 +143,7 @@ class _AudioAdapter(EncoderAdapter):
             )
         return int(self.rows_of(torch.tensor(frames)))
 
-    def warmup_item(self) -> PreparedImage:
+    def warmup_item(self) -> PreparedItem:
         # One second of a quiet tone: every clip costs a whole window, so its length does not matter.
         rate = self.audio_sampling_rate
         tone = 0.1 * np.sin(2 * np.pi * 440 * np.arange(rate) / rate).astype(np.float32)
@@ -160,7 +160,7 @@ class Qwen2AudioAdapter(_AudioAdapter):
     def hidden_size(self) -> int:
         return int(self.config.text_config.hidden_size)
 
-    def _forward(self, batch: dict[str, torch.Tensor], items: Sequence[PreparedImage]) -> EncoderOutput:
+    def _forward(self, batch: dict[str, torch.Tensor], items: Sequence[PreparedItem]) -> EncoderOutput:
         # Qwen2AudioModel.forward's audio path: the window's padding masked out of attention, then the
         # projector, then each clip's own rows.
         features, frames = batch["input_features"], batch["feature_attention_mask"].sum(-1)
@@ -194,7 +194,7 @@ class Qwen2_5OmniAudioAdapter(_AudioAdapter):
     def hidden_size(self) -> int:
         return int(self.config.thinker_config.audio_config.output_dim)
 
-    def _forward(self, batch: dict[str, torch.Tensor], items: Sequence[PreparedImage]) -> EncoderOutput:
+    def _forward(self, batch: dict[str, torch.Tensor], items: Sequence[PreparedItem]) -> EncoderOutput:
         # Qwen2_5OmniThinkerForConditionalGeneration.get_audio_features: each clip's own frames, packed.
         mask = batch["feature_attention_mask"]
         frames = mask.sum(-1)
@@ -220,7 +220,7 @@ class Qwen3OmniAudioAdapter(_AudioAdapter):
         result: torch.Tensor = qwen3_omni_rows_of_frames(frames, int(self.config.thinker_config.audio_config.n_window))
         return result
 
-    def collate(self, items: Sequence[PreparedImage]) -> dict[str, torch.Tensor]:
+    def collate(self, items: Sequence[PreparedItem]) -> dict[str, torch.Tensor]:
         # Clips keep their own lengths: pad to the longest, as the processor pads a batch (the mask says
         # which frames are a clip's; the tower reads only those).
         longest = max(item.tensors["input_features"].shape[-1] for item in items)
@@ -234,7 +234,7 @@ class Qwen3OmniAudioAdapter(_AudioAdapter):
             for name in ("input_features", "feature_attention_mask")
         }
 
-    def _forward(self, batch: dict[str, torch.Tensor], items: Sequence[PreparedImage]) -> EncoderOutput:
+    def _forward(self, batch: dict[str, torch.Tensor], items: Sequence[PreparedItem]) -> EncoderOutput:
         # Qwen3OmniMoeThinkerForConditionalGeneration.get_audio_features: each clip's own frames, packed.
         mask = batch["feature_attention_mask"]
         frames = mask.sum(-1)

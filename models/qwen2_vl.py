@@ -20,7 +20,7 @@ from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransforme
 from transformers.video_utils import VideoMetadata
 
 from mmencode.app.peers.sglang.sampling import SGLANG_FPS, sglang_frame_indices, sglang_resize_frames
-from mmencode.models.base import DecodedVideo, EncoderAdapter, EncoderOutput, PreparedImage, VideoSampling
+from mmencode.models.base import DecodedVideo, EncoderAdapter, EncoderOutput, PreparedItem, VideoSampling
 from mmencode.models.dynamic_preprocess import DynamicResolutionPreprocessor, TorchvisionDynamicResolutionPreprocessor
 from mmencode.models.errors import MetadataError, UnsupportedModalityError
 
@@ -58,13 +58,13 @@ class Qwen2VLAdapter(EncoderAdapter):
         # The processor's value, as the language side uses it to count placeholders.
         return int(self.processor.merge_size)
 
-    def preprocess(self, image: Image.Image) -> PreparedImage:
+    def preprocess(self, image: Image.Image) -> PreparedItem:
         out = self.fast_preprocessor(image) if self.fast_preprocessor is not None else None
         if out is None:
             out = self.processor(images=[image], return_tensors="pt")
         grid = out["image_grid_thw"]
         t, h, w = (int(v) for v in grid[0])
-        return PreparedImage(
+        return PreparedItem(
             tensors={"pixel_values": out["pixel_values"], "image_grid_thw": grid},
             metadata={"image_grid_thw": [t, h, w]},
             num_tokens=t * h * w // self.merge_size**2,
@@ -109,7 +109,7 @@ class Qwen2VLAdapter(EncoderAdapter):
         indices = processor.sample_frames(metadata=self._clip(total_frames, fps), **arguments)
         return [int(i) for i in indices]
 
-    def preprocess_video(self, video: DecodedVideo, sampling: VideoSampling) -> PreparedImage:
+    def preprocess_video(self, video: DecodedVideo, sampling: VideoSampling) -> PreparedItem:
         processor = self._require_video_processor()
         clip = self._clip(video.total_frames, video.fps, video.width, video.height)
         clip.frames_indices = list(video.indices)
@@ -127,7 +127,7 @@ class Qwen2VLAdapter(EncoderAdapter):
         )
         grid = out["video_grid_thw"]
         t, h, w = (int(v) for v in grid[0])
-        return PreparedImage(
+        return PreparedItem(
             # The tower takes a clip's patches as it takes an image's: one batch may hold both.
             tensors={"pixel_values": out["pixel_values_videos"], "image_grid_thw": grid},
             metadata={"video_grid_thw": [t, h, w], **self._video_timing(out["video_metadata"][0], sampling)},
@@ -169,7 +169,7 @@ class Qwen2VLAdapter(EncoderAdapter):
             raise UnsupportedModalityError(f"{self.family} models take images only here")
         return self._tokens_of_grid(metadata, "video_grid_thw")
 
-    def _forward(self, batch: dict[str, torch.Tensor], items: Sequence[PreparedImage]) -> EncoderOutput:
+    def _forward(self, batch: dict[str, torch.Tensor], items: Sequence[PreparedItem]) -> EncoderOutput:
         out = self.module(hidden_states=batch["pixel_values"], grid_thw=batch["image_grid_thw"])
         # One packed sequence for the whole batch: only the total row count is observable.
         return EncoderOutput(rows=out.pooler_output, rows_per_item=None)

@@ -31,7 +31,7 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5VisionModel
 from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
 from transformers.video_utils import VideoMetadata
 
-from mmencode.models.base import DecodedVideo, EncoderOutput, PreparedImage, VideoSampling
+from mmencode.models.base import DecodedVideo, EncoderOutput, PreparedItem, VideoSampling
 from mmencode.models.errors import MetadataError
 from mmencode.models.qwen2_vl import Qwen2VLAdapter
 
@@ -104,14 +104,14 @@ class Qwen3VLAdapter(_Qwen3VideoTiming):
         # levels are added to its hidden states inside its first layers, not an image vector of their own.
         return self.split[0]
 
-    def preprocess(self, image: Image.Image) -> PreparedImage:
+    def preprocess(self, image: Image.Image) -> PreparedItem:
         return self._with_split(super().preprocess(image))
 
-    def preprocess_video(self, video: DecodedVideo, sampling: VideoSampling) -> PreparedImage:
+    def preprocess_video(self, video: DecodedVideo, sampling: VideoSampling) -> PreparedItem:
         return self._with_split(super().preprocess_video(video, sampling))
 
-    def _with_split(self, item: PreparedImage) -> PreparedImage:
-        return PreparedImage(item.tensors, {**item.metadata, SPLIT_FIELD: self.split}, item.num_tokens)
+    def _with_split(self, item: PreparedItem) -> PreparedItem:
+        return PreparedItem(item.tensors, {**item.metadata, SPLIT_FIELD: self.split}, item.num_tokens)
 
     def tokens_from_metadata(self, metadata: Mapping[str, Any]) -> int:
         self._check_split(metadata)
@@ -131,7 +131,7 @@ class Qwen3VLAdapter(_Qwen3VideoTiming):
                 missing=False,
             )
 
-    def _forward(self, batch: dict[str, torch.Tensor], items: Sequence[PreparedImage]) -> EncoderOutput:
+    def _forward(self, batch: dict[str, torch.Tensor], items: Sequence[PreparedItem]) -> EncoderOutput:
         out = self.module(hidden_states=batch["pixel_values"], grid_thw=batch["image_grid_thw"])
         rows = torch.cat([out.pooler_output, *out.deepstack_features], dim=-1)
         return EncoderOutput(rows=rows, rows_per_item=None)

@@ -28,7 +28,7 @@ from PIL import Image
 from transformers import Step3p7Config
 from transformers.models.step3p7.modeling_step3p7 import Step3p7VisionModel
 
-from mmencode.models.base import EncoderAdapter, EncoderOutput, PreparedImage
+from mmencode.models.base import EncoderAdapter, EncoderOutput, PreparedItem
 from mmencode.models.optional import require_torchvision, require_torchvision_backend
 from mmencode.models.processor_backend import Backend
 from mmencode.models.processor_config import ProcessorConfig
@@ -128,12 +128,12 @@ class Step3Adapter(EncoderAdapter):
     def rows_per_global(self) -> int:
         return self._rows_per_view(int(self.processor.size["height"]))
 
-    def preprocess(self, image: Image.Image) -> PreparedImage:
+    def preprocess(self, image: Image.Image) -> PreparedItem:
         out = self.processor(images=[image], return_tensors="pt")
         num_patches = int(out["num_local_patches"][0])
         crop = int(self.processor.patch_size)
         local = out["pixel_values_local"] if num_patches else torch.empty(0, 3, crop, crop)
-        return PreparedImage(
+        return PreparedItem(
             tensors={"pixel_values": out["pixel_values"], "pixel_values_local": local},
             metadata={"num_patches": num_patches},
             num_tokens=num_patches * self.rows_per_crop + self.rows_per_global,
@@ -144,7 +144,7 @@ class Step3Adapter(EncoderAdapter):
         crops = self._int_field(metadata, "num_patches", minimum=0)
         return crops * self.rows_per_crop + self.rows_per_global
 
-    def _forward(self, batch: dict[str, torch.Tensor], items: Sequence[PreparedImage]) -> EncoderOutput:
+    def _forward(self, batch: dict[str, torch.Tensor], items: Sequence[PreparedItem]) -> EncoderOutput:
         global_rows = self.module(batch["pixel_values"])
         local = batch["pixel_values_local"]
         crop_rows = self.module(local.to(self.dtype)) if local.shape[0] else None

@@ -11,8 +11,8 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import BaseModel
 
-from mmencode.app.config import Settings
 from mmencode.app.api.chat.errors import UpstreamRefused
+from mmencode.app.config import Settings
 from mmencode.app.engine import errors
 from mmencode.app.server import create_app
 from mmencode.schemas.embeddings import EmbeddingsRequest, EmbeddingsResponse, ModelList

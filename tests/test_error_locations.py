@@ -6,7 +6,7 @@ from mmencode.app.api.openai.router import EMBEDDINGS_LOCATOR
 from mmencode.app.engine.errors import InvalidImage, ItemLocation, PartialPrecomputed
 from mmencode.app.http.errors import error_object
 from mmencode.app.http.locators import ENCODE_LOCATOR
-from mmencode.app.peers.sglang.bridge import SGLANG_LOCATOR
+from mmencode.app.peers.sglang.protocol import SGLANG_LOCATOR
 
 
 def test_an_item_error_is_named_by_each_front_end() -> None:

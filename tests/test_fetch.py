@@ -1,4 +1,4 @@
-"""``ImageFetcher`` and ``is_public_address``: the SSRF checks, limits and failures of URL fetching.
+"""``MediaFetcher`` and ``is_public_address``: the SSRF checks, limits and failures of URL fetching.
 
 Real traffic goes only to :class:`ImageServer`, an in-process HTTP server on loopback (127.0.0.1, and
 ::1 where it exists), reached through the test-only allowlist. Anything that must be refused is refused
@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from mmencode.app.engine.errors import MediaFetchFailed, PayloadTooLarge, UrlNotAllowed
-from mmencode.app.media.fetch import ImageFetcher, is_public_address
+from mmencode.app.media.fetch import MediaFetcher, is_public_address
 from tests.helpers import image_bytes, noise_image
 from tests.support import free_port
 
@@ -216,8 +216,8 @@ def server() -> Iterator[ImageServer]:
 
 
 @pytest.fixture
-async def fetcher() -> AsyncIterator[ImageFetcher]:
-    fetcher = ImageFetcher(timeout=TIMEOUT, max_redirects=3, max_bytes=MAX_BYTES, allowed_hosts=["127.0.0.1"])
+async def fetcher() -> AsyncIterator[MediaFetcher]:
+    fetcher = MediaFetcher(timeout=TIMEOUT, max_redirects=3, max_bytes=MAX_BYTES, allowed_hosts=["127.0.0.1"])
     yield fetcher
     await fetcher.aclose()
 
@@ -252,10 +252,10 @@ async def fake_dns(monkeypatch: pytest.MonkeyPatch) -> Callable[[dict[str, list[
     return install
 
 
-def mock_fetcher(handler: Callable[[httpx.Request], httpx.Response], **kwargs: Any) -> ImageFetcher:
+def mock_fetcher(handler: Callable[[httpx.Request], httpx.Response], **kwargs: Any) -> MediaFetcher:
     options: dict[str, Any] = {"timeout": TIMEOUT, "max_redirects": 3, "max_bytes": MAX_BYTES}
     options.update(kwargs)
-    return ImageFetcher(transport=httpx.MockTransport(handler), **options)
+    return MediaFetcher(transport=httpx.MockTransport(handler), **options)
 
 
 def streamed(status: int, body: bytes, headers: dict[str, str] | None = None) -> httpx.Response:
@@ -391,11 +391,11 @@ async def test_hostname_resolving_to_private_address_is_refused(fake_dns: Callab
     await fetcher.aclose()
 
 
-async def test_localhost_is_refused_unless_listed(server: ImageServer, fetcher: ImageFetcher) -> None:
+async def test_localhost_is_refused_unless_listed(server: ImageServer, fetcher: MediaFetcher) -> None:
     with pytest.raises(UrlNotAllowed):
         await fetcher.fetch(f"http://localhost:{server.port}/good.png")
     # The allowlist names hosts: allowing 127.0.0.1 does not allow other names for it.
-    listed = ImageFetcher(timeout=TIMEOUT, max_redirects=0, max_bytes=MAX_BYTES, allowed_hosts=["LOCALHOST"])
+    listed = MediaFetcher(timeout=TIMEOUT, max_redirects=0, max_bytes=MAX_BYTES, allowed_hosts=["LOCALHOST"])
     try:
         assert await listed.fetch(f"http://localhost:{server.port}/good.png") == PNG
     finally:
@@ -403,7 +403,7 @@ async def test_localhost_is_refused_unless_listed(server: ImageServer, fetcher: 
 
 
 async def test_allow_private_urls(server: ImageServer) -> None:
-    fetcher = ImageFetcher(timeout=TIMEOUT, max_redirects=0, max_bytes=MAX_BYTES, allow_private=True)
+    fetcher = MediaFetcher(timeout=TIMEOUT, max_redirects=0, max_bytes=MAX_BYTES, allow_private=True)
     try:
         assert await fetcher.fetch(f"{server.url}/good.png") == PNG
     finally:
@@ -510,7 +510,7 @@ async def test_sni_is_the_hostname(fake_dns: Callable[..., list[str]]) -> None:
     assert seen[0].url.host == "93.184.216.34"
 
 
-async def test_host_header_over_a_real_connection(server: ImageServer, fetcher: ImageFetcher) -> None:
+async def test_host_header_over_a_real_connection(server: ImageServer, fetcher: MediaFetcher) -> None:
     assert await fetcher.fetch(f"{server.url}/echo?n=1") == PNG
     headers = server.headers_of("/echo?n=1")
     assert headers["host"] == f"127.0.0.1:{server.port}"
@@ -520,7 +520,7 @@ async def test_host_header_over_a_real_connection(server: ImageServer, fetcher: 
 async def test_falls_back_to_the_next_checked_address(server: ImageServer, fake_dns: Callable[..., list[str]]) -> None:
     # ::1 has no listener on this port (the server is on 127.0.0.1 only): the next address serves.
     fake_dns({"dual.test": ["::1", "127.0.0.1"]})
-    fetcher = ImageFetcher(timeout=TIMEOUT, max_redirects=0, max_bytes=MAX_BYTES, allowed_hosts=["dual.test"])
+    fetcher = MediaFetcher(timeout=TIMEOUT, max_redirects=0, max_bytes=MAX_BYTES, allowed_hosts=["dual.test"])
     try:
         assert await fetcher.fetch(f"http://dual.test:{server.port}/echo?n=dual") == PNG
     finally:
@@ -531,7 +531,7 @@ async def test_falls_back_to_the_next_checked_address(server: ImageServer, fake_
 @pytest.mark.skipif(not ipv6_loopback_available(), reason="no IPv6 loopback here")
 async def test_ipv6_literal_over_a_real_connection() -> None:
     with image_server("::1") as server6:
-        fetcher = ImageFetcher(timeout=TIMEOUT, max_redirects=3, max_bytes=MAX_BYTES, allowed_hosts=["[::1]"])
+        fetcher = MediaFetcher(timeout=TIMEOUT, max_redirects=3, max_bytes=MAX_BYTES, allowed_hosts=["[::1]"])
         try:
             assert await fetcher.fetch(f"{server6.url}/chain/2") == PNG
         finally:
@@ -540,7 +540,7 @@ async def test_ipv6_literal_over_a_real_connection() -> None:
         assert server6.headers_of("/good.png")["host"] == f"[::1]:{server6.port}"
 
 
-async def test_no_cookies_are_kept_between_fetches(server: ImageServer, fetcher: ImageFetcher) -> None:
+async def test_no_cookies_are_kept_between_fetches(server: ImageServer, fetcher: MediaFetcher) -> None:
     await fetcher.fetch(f"{server.url}/cookie")
     await fetcher.fetch(f"{server.url}/echo?n=cookie")
     assert "cookie" not in server.headers_of("/echo?n=cookie")
@@ -549,21 +549,21 @@ async def test_no_cookies_are_kept_between_fetches(server: ImageServer, fetcher:
 # ---------------------------------------------------------------------------------------------------
 # Against the loopback server: success, redirects, timeouts, sizes, statuses, content types
 # ---------------------------------------------------------------------------------------------------
-async def test_good_png(server: ImageServer, fetcher: ImageFetcher) -> None:
+async def test_good_png(server: ImageServer, fetcher: MediaFetcher) -> None:
     assert await fetcher.fetch(f"{server.url}/good.png") == PNG
 
 
-async def test_redirect_chain_within_the_limit(server: ImageServer, fetcher: ImageFetcher) -> None:
+async def test_redirect_chain_within_the_limit(server: ImageServer, fetcher: MediaFetcher) -> None:
     assert await fetcher.fetch(f"{server.url}/chain/3") == PNG  # 3 redirects, limit 3
 
 
-async def test_redirect_chain_over_the_limit(server: ImageServer, fetcher: ImageFetcher) -> None:
+async def test_redirect_chain_over_the_limit(server: ImageServer, fetcher: MediaFetcher) -> None:
     with pytest.raises(MediaFetchFailed, match="redirect") as caught:
         await fetcher.fetch(f"{server.url}/chain/4")
     assert caught.value.details is not None and caught.value.details["max_redirects"] == 3
 
 
-async def test_redirect_loop(server: ImageServer, fetcher: ImageFetcher) -> None:
+async def test_redirect_loop(server: ImageServer, fetcher: MediaFetcher) -> None:
     started = time.monotonic()
     with pytest.raises(MediaFetchFailed, match="redirect"):
         await fetcher.fetch(f"{server.url}/loop")
@@ -571,7 +571,7 @@ async def test_redirect_loop(server: ImageServer, fetcher: ImageFetcher) -> None
 
 
 async def test_zero_redirects_allowed(server: ImageServer) -> None:
-    fetcher = ImageFetcher(timeout=TIMEOUT, max_redirects=0, max_bytes=MAX_BYTES, allowed_hosts=["127.0.0.1"])
+    fetcher = MediaFetcher(timeout=TIMEOUT, max_redirects=0, max_bytes=MAX_BYTES, allowed_hosts=["127.0.0.1"])
     try:
         assert await fetcher.fetch(f"{server.url}/good.png") == PNG
         with pytest.raises(MediaFetchFailed, match="redirect"):
@@ -580,14 +580,14 @@ async def test_zero_redirects_allowed(server: ImageServer) -> None:
         await fetcher.aclose()
 
 
-async def test_redirect_to_localhost_name_is_refused(server: ImageServer, fetcher: ImageFetcher) -> None:
+async def test_redirect_to_localhost_name_is_refused(server: ImageServer, fetcher: MediaFetcher) -> None:
     target = f"http://localhost:{server.port}/echo?n=via-localhost"
     with pytest.raises(UrlNotAllowed):
         await fetcher.fetch(f"{server.url}/redirect?to={target}")
     assert "/echo?n=via-localhost" not in server.paths()
 
 
-async def test_redirect_to_invalid_location(server: ImageServer, fetcher: ImageFetcher) -> None:
+async def test_redirect_to_invalid_location(server: ImageServer, fetcher: MediaFetcher) -> None:
     # httpx reads "http://[bad" as the host "%5bbad": refused like a bad host in the request, unresolved.
     with pytest.raises((MediaFetchFailed, UrlNotAllowed), match=r"not a valid|invalid URL"):
         await fetcher.fetch(f"{server.url}/redirect?to=http://[bad")
@@ -604,7 +604,7 @@ async def test_redirect_to_unparseable_location(location: str) -> None:
     await fetcher.aclose()
 
 
-async def test_slow_server_times_out(server: ImageServer, fetcher: ImageFetcher) -> None:
+async def test_slow_server_times_out(server: ImageServer, fetcher: MediaFetcher) -> None:
     started = time.monotonic()
     with pytest.raises(MediaFetchFailed) as caught:
         await fetcher.fetch(f"{server.url}/slow")
@@ -633,7 +633,7 @@ async def test_slow_body_hits_the_total_deadline() -> None:
 
 
 @pytest.mark.parametrize("route", ["/big-length", "/big-stream"])
-async def test_oversized_body_is_cut_without_reading_it(route: str, fetcher: ImageFetcher) -> None:
+async def test_oversized_body_is_cut_without_reading_it(route: str, fetcher: MediaFetcher) -> None:
     with image_server() as own:  # its own server: the streams are counted per route
         started = time.monotonic()
         with pytest.raises(PayloadTooLarge) as caught:
@@ -672,11 +672,11 @@ async def test_exactly_the_limit_is_accepted() -> None:
     await fetcher.aclose()
 
 
-async def test_gzip_body_is_inflated(server: ImageServer, fetcher: ImageFetcher) -> None:
+async def test_gzip_body_is_inflated(server: ImageServer, fetcher: MediaFetcher) -> None:
     assert await fetcher.fetch(f"{server.url}/gzip.png") == PNG
 
 
-async def test_gzip_bomb_is_cut_at_the_limit(server: ImageServer, fetcher: ImageFetcher) -> None:
+async def test_gzip_bomb_is_cut_at_the_limit(server: ImageServer, fetcher: MediaFetcher) -> None:
     with pytest.raises(PayloadTooLarge):
         await fetcher.fetch(f"{server.url}/gzip-bomb")
 
@@ -699,23 +699,23 @@ async def test_compressed_body_is_inflated_within_the_limit() -> None:
     assert peak < 2 * 1024 * 1024, peak
 
 
-async def test_unsupported_content_encoding(server: ImageServer, fetcher: ImageFetcher) -> None:
+async def test_unsupported_content_encoding(server: ImageServer, fetcher: MediaFetcher) -> None:
     with pytest.raises(MediaFetchFailed, match="content-encoding"):
         await fetcher.fetch(f"{server.url}/brotli")
 
 
-async def test_truncated_body(server: ImageServer, fetcher: ImageFetcher) -> None:
+async def test_truncated_body(server: ImageServer, fetcher: MediaFetcher) -> None:
     with pytest.raises(MediaFetchFailed, match=r"RemoteProtocolError|ReadError"):
         await fetcher.fetch(f"{server.url}/truncated")
 
 
-async def test_http_error_status(server: ImageServer, fetcher: ImageFetcher) -> None:
+async def test_http_error_status(server: ImageServer, fetcher: MediaFetcher) -> None:
     with pytest.raises(MediaFetchFailed, match="404") as caught:
         await fetcher.fetch(f"{server.url}/missing")
     assert caught.value.details is not None and caught.value.details["status"] == 404
 
 
-async def test_html_is_not_an_image(server: ImageServer, fetcher: ImageFetcher) -> None:
+async def test_html_is_not_an_image(server: ImageServer, fetcher: MediaFetcher) -> None:
     with pytest.raises(MediaFetchFailed, match="text/html"):
         await fetcher.fetch(f"{server.url}/html")
 
@@ -751,7 +751,7 @@ async def test_content_type_sanity(content_type: str, accepted: bool) -> None:
     await fetcher.aclose()
 
 
-async def test_connection_refused(fetcher: ImageFetcher) -> None:
+async def test_connection_refused(fetcher: MediaFetcher) -> None:
     port = free_port()  # free a moment ago: nothing listens on it
     with pytest.raises(MediaFetchFailed, match="ConnectError"):
         await fetcher.fetch(f"http://127.0.0.1:{port}/a.png")

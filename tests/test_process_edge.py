@@ -22,7 +22,7 @@ from fastapi import FastAPI
 
 from mmencode.app.cli import tuned_for_serving
 from mmencode.app.config import Settings
-from mmencode.app.engine.engine import Phase, Runtime
+from mmencode.app.engine.engine import Engine, Phase
 from mmencode.app.server import create_app
 
 T = TypeVar("T")
@@ -38,10 +38,10 @@ def _settings(model: Path, cache_dir: Path) -> Settings:
     return Settings(model=model, cache_dir=cache_dir, device="cpu")
 
 
-async def _until_ready(runtime: Runtime) -> None:
+async def _until_ready(engine: Engine) -> None:
     async with asyncio.timeout(120):
-        while not runtime.ready:
-            assert runtime.phase is not Phase.FAILED, runtime.failure
+        while not engine.ready:
+            assert engine.phase is not Phase.FAILED, engine.failure
             await asyncio.sleep(0.02)
 
 
@@ -67,16 +67,16 @@ def test_two_apps_in_one_process_leave_its_gc_executor_and_threads_alone(
 
     async def run(app: FastAPI) -> None:
         async with app.router.lifespan_context(app):
-            await _until_ready(app.state.runtime)
+            await _until_ready(app.state.engine)
             assert _process_state() == before  # started: loaded, warmed up, calibrated
             # The loop's default executor is still the loop's own (asyncio names its threads so).
             assert (await _default_executor_thread()).startswith("asyncio")
 
     async def both() -> None:
         async with first.router.lifespan_context(first):
-            await _until_ready(first.state.runtime)
+            await _until_ready(first.state.engine)
             await run(second)  # a second app starts and stops beside the first
-            assert first.state.runtime.ready
+            assert first.state.engine.ready
             assert _process_state() == before
 
     asyncio.run(both())
@@ -88,16 +88,16 @@ def test_serve_tunes_its_process(checkpoints: dict[str, Path], tmp_path: Path, m
     malloc_tuned: list[bool] = []
     monkeypatch.setattr("mmencode.app.process.malloc.keep_large_blocks_in_heap", lambda: malloc_tuned.append(True))
     app = create_app(_settings(checkpoints["qwen2_vl"], tmp_path))
-    runtime: Runtime = app.state.runtime
+    engine: Engine = app.state.engine
 
     async def serve() -> tuple[int, int]:
         async with app.router.lifespan_context(app):
-            await _until_ready(runtime)
+            await _until_ready(engine)
             return gc.get_freeze_count(), torch.get_num_threads()
 
     def serve_in_this_thread() -> tuple[int, int]:
         # serve's thread runs the event loop; tuning it leaves the test's thread alone.
-        with tuned_for_serving(runtime):
+        with tuned_for_serving(engine):
             return asyncio.run(serve())
 
     frozen_when_ready, loop_threads = _in_a_new_thread(serve_in_this_thread)

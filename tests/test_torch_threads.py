@@ -18,7 +18,7 @@ import httpx
 import pytest
 import torch
 
-from mmencode.app.engine.engine import Runtime
+from mmencode.app.engine.engine import Engine
 from mmencode.app.engine.threads import SerialTorchThreadPool, in_executor, serial_torch_ops, torch_threads_here
 from tests.helpers import data_uri, live_server, noise_image
 
@@ -84,15 +84,15 @@ def test_a_served_model_parallelises_only_in_the_encoders_thread(checkpoints: di
             server.url + "/v1/encode", json={"items": [{"image": data_uri(noise_image(96, 64))}]}, timeout=60
         )
         assert response.status_code == 200, response.text
-        runtime: Runtime = server.server.config.app.state.runtime
-        worker = runtime.worker
+        engine: Engine = server.server.config.app.state.engine
+        worker = engine.worker
         assert worker is not None and worker._task is not None
         loop = worker._task.get_loop()
 
-        # The runtime's own executor for blocking work; the loop's thread and default executor are the
+        # The engine's own executor for blocking work; the loop's thread and default executor are the
         # process's, which `mmencode serve` tunes (tests/test_process_edge.py).
-        io = asyncio.run_coroutine_threadsafe(in_executor(runtime.io_executor, torch.get_num_threads), loop).result()
-        preprocessing = runtime._pool.submit(torch.get_num_threads).result()
+        io = asyncio.run_coroutine_threadsafe(in_executor(engine.io_executor, torch.get_num_threads), loop).result()
+        preprocessing = engine._pool.submit(torch.get_num_threads).result()
         encoder = worker._executor.submit(torch.get_num_threads).result()
     assert (io, preprocessing) == (1, 1)
     assert encoder == worker.forward_threads == CORES

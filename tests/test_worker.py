@@ -12,9 +12,9 @@ import httpx
 import pytest
 import torch
 
-from mmencode.app.engine.engine import Runtime, batch_wait_seconds
+from mmencode.app.engine.engine import Engine, batch_wait_seconds
 from mmencode.app.engine.worker import EncoderWorker, QueueBytesFull, QueueFull, TokenDrift, prepared_nbytes
-from mmencode.models import EncoderAdapter, EncoderOutput, PreparedImage, load_encoder
+from mmencode.models import EncoderAdapter, EncoderOutput, PreparedItem, load_encoder
 from tests.helpers import live_server, noise_image
 
 
@@ -35,7 +35,7 @@ class RecordingAdapter:
     def __getattr__(self, name: str) -> object:
         return getattr(self.inner, name)
 
-    def forward(self, items: Sequence[PreparedImage]) -> EncoderOutput:
+    def forward(self, items: Sequence[PreparedItem]) -> EncoderOutput:
         self.gate.wait(timeout=30)
         self.batches.append(len(items))
         return self.inner.forward(items)
@@ -47,7 +47,7 @@ def _worker(adapter: object, **overrides: float) -> EncoderWorker:
     return EncoderWorker(adapter, **options)  # type: ignore[arg-type]
 
 
-def _prepared(adapter: EncoderAdapter, count: int) -> list[PreparedImage]:
+def _prepared(adapter: EncoderAdapter, count: int) -> list[PreparedItem]:
     return [adapter.preprocess(noise_image(40 + 16 * i, 90 - 8 * i, seed=i)) for i in range(count)]
 
 
@@ -241,10 +241,10 @@ def test_a_served_model_on_the_cpu_waits_longer_when_its_forward_runs_beside_pre
 ) -> None:
     # One forward thread: the forward shares the CPU with preprocessing (no turns), so batches wait.
     with live_server(model=checkpoints["qwen2_vl"], cache_dir=tmp_path, cpu_threads=cpu_threads) as server:
-        runtime: Runtime = server.server.config.app.state.runtime
-        assert runtime.worker is not None
-        assert runtime.compute_gate.enabled is (cpu_threads > 1)
-        assert runtime.worker.batch_wait_s == pytest.approx(wait_s)
+        engine: Engine = server.server.config.app.state.engine
+        assert engine.worker is not None
+        assert engine.compute_gate.enabled is (cpu_threads > 1)
+        assert engine.worker.batch_wait_s == pytest.approx(wait_s)
         # What the forward got is on /metrics: a start that chose one thread for a large tower shows.
         metrics = httpx.get(server.url + "/metrics").text
         assert f"mmencode_cpu_forward_threads {float(cpu_threads)}" in metrics

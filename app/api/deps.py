@@ -11,7 +11,7 @@ from mmencode.app.api.chat.service import ChatService
 from mmencode.app.api.encode.service import EncodeService
 from mmencode.app.api.openai.service import EmbeddingsService
 from mmencode.app.config import Settings
-from mmencode.app.engine.engine import Runtime
+from mmencode.app.engine.engine import Engine
 from mmencode.app.metrics import Metrics
 from mmencode.app.peers.sglang.bridge import SGLangEncoderBridge
 
@@ -19,8 +19,8 @@ __all__ = [
     "ChatServiceDep",
     "EmbeddingsServiceDep",
     "EncodeServiceDep",
+    "EngineDep",
     "MetricsDep",
-    "RuntimeDep",
     "SGLangBridgeDep",
     "SettingsDep",
 ]
@@ -39,8 +39,8 @@ def _state(attribute: str) -> Callable[[Request], Awaitable[Any]]:
     return read
 
 
-# The model's lifecycle (probes only: the APIs go through their services).
-RuntimeDep = Annotated[Runtime, Depends(_state("runtime"))]
+# The engine (probes only: the APIs go through their services).
+EngineDep = Annotated[Engine, Depends(_state("engine"))]
 EncodeServiceDep = Annotated[EncodeService, Depends(_state("encode_service"))]
 EmbeddingsServiceDep = Annotated[EmbeddingsService, Depends(_state("embeddings_service"))]
 # None without --upstream: the front door is off.

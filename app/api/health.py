@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import Response
 
-from mmencode.app.api.deps import ChatServiceDep, MetricsDep, RuntimeDep
+from mmencode.app.api.deps import ChatServiceDep, EngineDep, MetricsDep
 from mmencode.app.engine.errors import NotReady
 from mmencode.app.http.openapi import ERROR_RESPONSES
 
@@ -25,15 +25,15 @@ async def health() -> dict[str, str]:
     summary="Readiness: 200 once the model is loaded and warmed up",
     responses={503: ERROR_RESPONSES[503]},
 )
-async def ready(runtime: RuntimeDep, chat: ChatServiceDep) -> dict[str, Any]:
-    if not runtime.ready:
-        raise NotReady(runtime.not_ready_reason(), details={"phase": runtime.phase.value})
-    assert runtime.adapter is not None  # ready means loaded
+async def ready(engine: EngineDep, chat: ChatServiceDep) -> dict[str, Any]:
+    if not engine.ready:
+        raise NotReady(engine.not_ready_reason(), details={"phase": engine.phase.value})
+    info = engine.info
     answer: dict[str, Any] = {
         "status": "ready",
-        "model": runtime.model_name,
-        "phase": runtime.phase.value,
-        "image_processor_backend": runtime.adapter.image_processor_backend,
+        "model": info.model_name,
+        "phase": engine.phase.value,
+        "image_processor_backend": info.image_processor_backend,
     }
     if chat is not None:
         # Informational: the encoder serves whatever the upstreams' state; a chat request without one

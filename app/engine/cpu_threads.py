@@ -22,7 +22,7 @@ from pathlib import Path
 from PIL import Image
 
 from mmencode.app.engine.threads import torch_threads_here
-from mmencode.models import EncoderAdapter, PreparedImage
+from mmencode.models import EncoderAdapter, PreparedItem
 
 __all__ = ["CALIBRATION_SIZE", "OtherProcessesMeter", "choose_forward_threads", "measure_forward_threads"]
 
@@ -115,7 +115,7 @@ class _Timings:
 
 
 def _time_both_settings(
-    adapter: EncoderAdapter, item: PreparedImage, cores: int, others: OtherProcessesMeter, patience_ends: float
+    adapter: EncoderAdapter, item: PreparedItem, cores: int, others: OtherProcessesMeter, patience_ends: float
 ) -> _Timings:
     timings = _Timings(times={1: float("inf"), cores: float("inf")})
     spent = dict.fromkeys(timings.times, 0.0)

@@ -1,7 +1,12 @@
-"""The model's lifecycle in one app: load, warm up, serve, drain.
+"""The engine: what the APIs see of the encoder (``encode()``, ``info``, ``ready``), and its lifecycle.
 
-Loading happens in the background after the HTTP server is up, so liveness answers at once while
-readiness waits for the model and its warm-up forward.
+:meth:`Engine.from_settings` builds the engine side of the service from its settings: the media
+fetcher and loader, the caches, the worker and the scheduler, with the request limits. Loading happens
+in the background after the HTTP server is up, so liveness answers at once while readiness waits for the
+model and its warm-up forward; then the engine serves until it drains.
+
+No API reaches past this façade into the scheduler or the adapter: they ask :meth:`Engine.encode` for
+rows and read :attr:`Engine.info` for what the model is.
 """
 
 from __future__ import annotations
@@ -9,7 +14,8 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -18,20 +24,22 @@ from mmencode.app.config import Settings
 from mmencode.app.engine.cache import CacheTier, LRUEmbeddingCache, SharedCache, TieredCache
 from mmencode.app.engine.compute_gate import ComputeGate, GatedThreadPool
 from mmencode.app.engine.errors import ModelNotFound, NotReady
-from mmencode.app.engine.scheduler import Limits, Scheduler
+from mmencode.app.engine.scheduler import PrecomputedMode, Scheduler
 from mmencode.app.engine.threads import SerialTorchThreadPool, in_executor, serial_torch_ops
+from mmencode.app.engine.types import Item, ItemResult, Limits
 from mmencode.app.engine.worker import EncoderWorker
 from mmencode.app.media.audio import AudioLimits
-from mmencode.app.media.fetch import ImageFetcher
+from mmencode.app.media.fetch import MediaFetcher
+from mmencode.app.media.loader import MediaLoader
 from mmencode.app.media.video import VideoLimits
 from mmencode.app.metrics import Metrics
 from mmencode.models import CheckpointError, EncoderAdapter, load_encoder
-from mmencode.models.catalog import VLLM_EC_ONLY
 
 __all__ = [
     "DRAIN_GRACE_S",
+    "Engine",
+    "EngineInfo",
     "Phase",
-    "Runtime",
     "batch_token_budget",
     "batch_wait_seconds",
     "default_model_dir",
@@ -107,17 +115,48 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
-class Runtime:
-    """The model's lifecycle: load, warm up, serve, drain; and what exists only once it is loaded (the
-    worker, the scheduler, the shared cache tier keyed by the model's fingerprint)."""
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    """What the loaded model is, for the APIs: its names, shapes and how it computes."""
+
+    model_name: str
+    family: str
+    device: torch.device
+    dtype: torch.dtype  # the encoder's compute dtype
+    hidden_size: int  # a row's width
+    pooled_width: int  # the leading columns a pooled vector averages (EncoderAdapter.pooled_width)
+    image_processor_backend: str  # pil or torchvision
+    started_at: int
+
+
+# A check an API runs on the loaded model before the engine says it is ready (the chat front door's
+# transport, say); raising CheckpointError fails the start as a checkpoint the service cannot serve.
+StartupCheck = Callable[[EngineInfo], None]
+
+
+class Engine:
+    """The encoder behind every API: load, warm up, serve, drain; and what exists only once the model is
+    loaded (the worker, the scheduler, the shared cache tier keyed by the model's fingerprint)."""
+
+    @classmethod
+    def from_settings(cls, settings: Settings, metrics: Metrics) -> Engine:
+        fetcher = MediaFetcher(
+            timeout=settings.url_fetch_timeout,
+            max_redirects=settings.url_max_redirects,
+            max_bytes=settings.max_image_bytes,
+            allow_private=settings.allow_private_urls,
+            allowed_hosts=settings.allowed_url_hosts,
+        )
+        return cls(settings, metrics=metrics, fetcher=fetcher, local_cache=LRUEmbeddingCache(settings.cache_bytes))
 
     def __init__(
-        self, settings: Settings, *, metrics: Metrics, fetcher: ImageFetcher, local_cache: LRUEmbeddingCache
+        self, settings: Settings, *, metrics: Metrics, fetcher: MediaFetcher, local_cache: LRUEmbeddingCache
     ) -> None:
         self.settings = settings
         self.metrics = metrics
         self.fetcher = fetcher
         self.local_cache = local_cache
+        self.startup_checks: list[StartupCheck] = []
         self.phase = Phase.STARTING
         self.started_at = int(time.time())
         self.failure: str | None = None
@@ -141,8 +180,19 @@ class Runtime:
             initializer=serial_torch_ops,
         )
         # Blocking work off the event loop (loading, large answers, the shared cache, vLLM's files): this
-        # runtime's own pool, not the loop's default executor, which belongs to whoever runs the loop.
+        # engine's own pool, not the loop's default executor, which belongs to whoever runs the loop.
         self.io_executor = SerialTorchThreadPool(thread_name_prefix="mmencode-io")
+        # Every media source becomes bytes here, for the scheduler and for SGLang's bridge alike.
+        self.media = MediaLoader(
+            fetcher,
+            max_bytes={
+                "image": settings.max_image_bytes,
+                "video": settings.max_video_bytes,
+                "audio": settings.max_audio_bytes,
+            },
+            max_frames=settings.max_video_frames,
+            pool=self._pool,
+        )
         self.metrics.ready.set_function(lambda: 1.0 if self.ready else 0.0)
         self.metrics.watch(
             queue_depth=lambda: float(self.worker.queue_depth if self.worker is not None else 0),
@@ -157,7 +207,8 @@ class Runtime:
         logger.info("loading the model from %s; /health answers now, /ready once it is loaded", self.model_dir)
         try:
             adapter = await in_executor(self.io_executor, self._load)
-            self._check_front_door(adapter)
+            for check in self.startup_checks:
+                check(self._info_of(adapter))
             self.compute_gate.enabled = exclusive_forward_on(self.settings.exclusive_forward, adapter.device)
             worker = EncoderWorker(
                 adapter,
@@ -218,7 +269,7 @@ class Runtime:
             adapter,
             worker,
             self.cache,
-            self.fetcher,
+            self.media,
             self._pool,
             limits,
             self.metrics,
@@ -255,15 +306,6 @@ class Runtime:
             image_processor_backend=self.settings.image_processor_backend,
         )
 
-    def _check_front_door(self, adapter: EncoderAdapter) -> None:
-        """The chat front door's transport must be one vLLM takes this family's rows through."""
-        if self.settings.upstream and self.settings.upstream_transport == "embeds" and adapter.family in VLLM_EC_ONLY:
-            raise CheckpointError(
-                f"vLLM takes no image_embeds part for {adapter.family} models, so the front door cannot forward "
-                "their rows inside the request: start with --upstream-transport ec and --ec-shared-storage DIR "
-                "(the directory the upstreams' ECExampleConnector reads)"
-            )
-
     def _shared_cache(self, adapter: EncoderAdapter) -> SharedCache:
         settings = self.settings
         store_dtype = adapter.dtype if settings.shared_cache_dtype == "auto" else _DTYPES[settings.shared_cache_dtype]
@@ -296,20 +338,44 @@ class Runtime:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.io_executor.shutdown(wait=False, cancel_futures=True)
 
-    # ----- what the services and probes ask -----
-    @property
-    def image_processor_backend(self) -> str | None:
-        return self.adapter.image_processor_backend if self.adapter is not None else None
-
+    # ----- what the APIs and probes ask -----
     @property
     def ready(self) -> bool:
         return self.phase is Phase.READY and self.worker is not None and self.worker.alive
 
     @property
-    def scheduler(self) -> Scheduler:
+    def info(self) -> EngineInfo:
+        """The loaded model; raises ``NotReady`` (503) until it is loaded and warm."""
+        self._require_ready()
+        assert self.adapter is not None
+        return self._info_of(self.adapter)
+
+    async def encode(self, items: Sequence[Item], mode: PrecomputedMode = "strict") -> list[ItemResult]:
+        """Rows and metadata per item, in request order (the scheduler's rules, app/engine/scheduler.py);
+        raises ``NotReady`` (503) until the model is loaded and warm."""
+        return await self._require_ready().encode(items, mode)
+
+    @property
+    def image_processor_backend(self) -> str | None:
+        """``pil`` or ``torchvision`` once the model is loaded; ``None`` before."""
+        return self.adapter.image_processor_backend if self.adapter is not None else None
+
+    def _require_ready(self) -> Scheduler:
         if not self.ready or self._scheduler is None:
             raise NotReady(self.not_ready_reason(), headers={"Retry-After": "5"})
         return self._scheduler
+
+    def _info_of(self, adapter: EncoderAdapter) -> EngineInfo:
+        return EngineInfo(
+            model_name=self.model_name,
+            family=adapter.family,
+            device=adapter.device,
+            dtype=adapter.dtype,
+            hidden_size=adapter.hidden_size,
+            pooled_width=adapter.pooled_width,
+            image_processor_backend=adapter.image_processor_backend,
+            started_at=self.started_at,
+        )
 
     def not_ready_reason(self) -> str:
         if self.phase is Phase.FAILED:

@@ -12,15 +12,15 @@ import numpy as np
 import torch
 
 from mmencode.app.engine.errors import ItemLocation, PayloadTooLarge, PrecomputedShapeMismatch, ValidationFailed
+from mmencode.app.engine.types import Precomputed
 from mmencode.app.media.b64 import decode_lenient_padding
-from mmencode.schemas.encode import PrecomputedEmbedding
 
 __all__ = ["decode_precomputed"]
 
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
-def decode_precomputed(embedding: PrecomputedEmbedding, *, index: int, max_bytes: int) -> torch.Tensor:
+def decode_precomputed(embedding: Precomputed, *, index: int, max_bytes: int) -> torch.Tensor:
     """Item ``index``'s rows as a float32 ``(rows, width)`` tensor; raises on bad encoding, size, or
     non-finite values, located at the item's ``precomputed_embedding``."""
     where = ItemLocation(index, ("precomputed_embedding",))

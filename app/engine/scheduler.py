@@ -1,9 +1,11 @@
-"""The request rules: what a request may ask, decided before any expensive work.
+"""The scheduler: the request rules, decided before any expensive work, and the order of the work.
 
-In order: all-or-none precomputation and the metadata precomputed items need (before any image is
-touched); precomputed shapes; then image bytes (decoded or fetched), content hashes and the cache;
-decoding and preprocessing on a thread pool; the rest to the encoder worker. A request succeeds whole
-or fails whole: the first failing item (lowest index) names the error.
+The name is the design card's and the seeds' (SGLang's ``mm_schedule``): it decides what a request may
+ask and schedules the rest. In order: the items' count and modalities; all-or-none precomputation and
+the metadata precomputed items need (before any file is touched); precomputed shapes; then each file's
+bytes (``app/media/loader.py``), content hashes and the cache; decoding and preprocessing on a thread
+pool; the rest to the encoder worker (``app/engine/worker.py``). A request succeeds whole or fails
+whole: the first failing item (lowest index) names the error.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import torch
@@ -37,116 +39,41 @@ from mmencode.app.engine.errors import (
     ValidationFailed,
 )
 from mmencode.app.engine.precomputed import decode_precomputed
+from mmencode.app.engine.types import Item, ItemResult, Limits, VideoItem
 from mmencode.app.engine.worker import EncoderWorker, QueueBytesFull, QueueFull, Reservation, TokenDrift, WorkerStopped
-from mmencode.app.media.audio import AUDIO, AudioLimits, audio_support, decode_audio
-from mmencode.app.media.fetch import ImageFetcher
-from mmencode.app.media.image import IMAGE, MediaKind, decode_base64_file, decode_image, decode_inline_image, is_url
-from mmencode.app.media.video import (
-    VIDEO,
-    VideoLimits,
-    decode_frame_list,
-    decode_video,
-    pack_frames,
-    unpack_frames,
-    video_support,
-)
+from mmencode.app.media.audio import audio_support, decode_audio
+from mmencode.app.media.image import decode_image
+from mmencode.app.media.kinds import KINDS
+from mmencode.app.media.loader import MediaLoader
+from mmencode.app.media.video import decode_frame_list, decode_video, unpack_frames, video_support
 from mmencode.app.metrics import Metrics
-from mmencode.models import EncoderAdapter, MetadataError, PreparedImage
+from mmencode.models import EncoderAdapter, MetadataError, PreparedItem
 from mmencode.models.base import Modality, SamplingRule, VideoSampling
 from mmencode.models.errors import UnsupportedModalityError
-from mmencode.schemas.encode import PrecomputedEmbedding
 
-__all__ = ["ItemInput", "ItemResult", "Limits", "Modality", "Scheduler"]
+__all__ = ["PrecomputedMode", "Scheduler"]
 
 PrecomputedMode = Literal["strict", "fill"]
-_INLINE_BASE64_CHARS = 1 << 20
-# A frame list's images fetched (or base64-decoded) at once: the rest wait, so a long list of URLs
-# holds a few downloads in flight, not hundreds.
-_FRAME_FETCHES = 8
 
 
 @dataclass(frozen=True, slots=True)
-class ItemInput:
-    """One item as the routes hand it over, whatever the wire format."""
-
-    image: str | bytes | None = None  # str: data URI, bare base64 or URL; bytes: an uploaded file
-    embedding: PrecomputedEmbedding | None = None
-    metadata: Mapping[str, Any] = field(default_factory=dict)
-    hash: str | None = None
-    # As ``image``: an mp4, webm or mkv file; or a list of frames (each as ``image``), already sampled.
-    video: str | bytes | list[str] | None = None
-    # What a precomputed item is (an item with a file says it by its field): which metadata it needs.
-    modality: Modality | None = None
-    sampling: VideoSampling = field(default_factory=VideoSampling)  # the checkpoint's frames unless set
-    frames_fps: float | None = None  # a frame list's: the rate its frames were sampled at
-    audio: str | bytes | None = None  # as ``image``: a wav, flac, mp3 or ogg file
-
-    @property
-    def kind(self) -> Modality:
-        if self.video is not None:
-            return "video"
-        if self.audio is not None:
-            return "audio"
-        return "image" if self.image is not None else self.modality or "image"
-
-    @property
-    def media(self) -> str | bytes | list[str] | None:
-        if self.video is not None:
-            return self.video
-        return self.audio if self.audio is not None else self.image
-
-
-@dataclass(frozen=True, slots=True)
-class ItemResult:
-    index: int
-    source: Literal["encoder", "precomputed", "cache"]
-    hash: str | None
-    metadata: dict[str, Any]
-    rows: torch.Tensor  # (num_tokens, hidden_size) float32
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.rows.shape[0])
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    max_items: int
-    max_image_bytes: int
-    max_image_pixels: int
-    max_embedding_bytes: int
-    request_timeout: float
-    max_video_bytes: int
-    video: VideoLimits
-    max_video_tokens: int
-    max_audio_bytes: int
-    audio: AudioLimits
-
-
-@dataclass(frozen=True, slots=True)
-class MediaRule:
+class ModalityRule:
     """What the scheduler needs to know of one modality, beside what the adapter knows of it."""
 
-    media: MediaKind  # its word in messages, data URI type and error
-    max_bytes: Callable[[Limits], int]  # one file's limit
     decoder_problem: Callable[[], str | None]  # why this server cannot decode it (None: it can)
     article: str  # "an image": the item in a message
     not_taken: str  # what a checkpoint that does not take it does, and which do
 
 
-MEDIA_RULES: dict[Modality, MediaRule] = {
-    "image": MediaRule(IMAGE, lambda limits: limits.max_image_bytes, lambda: None, "an image", "encodes audio only"),
-    "video": MediaRule(
-        VIDEO,
-        lambda limits: limits.max_video_bytes,
+MODALITY_RULES: dict[Modality, ModalityRule] = {
+    "image": ModalityRule(lambda: None, "an image", "encodes audio only"),
+    "video": ModalityRule(
         video_support,
         "a video",
         "takes no video here (videos: qwen2_vl, qwen2_5_vl, qwen3_vl and qwen3_5 checkpoints with a video "
         "processor, and torchvision)",
     ),
-    "audio": MediaRule(
-        AUDIO,
-        lambda limits: limits.max_audio_bytes,
+    "audio": ModalityRule(
         audio_support,
         "audio",
         "has no audio tower (audio: qwen2_audio, qwen2_5_omni and qwen3_omni_moe checkpoints)",
@@ -172,7 +99,7 @@ class Scheduler:
         adapter: EncoderAdapter,
         worker: EncoderWorker,
         cache: TieredCache,
-        fetcher: ImageFetcher,
+        media: MediaLoader,
         pool: Executor,
         limits: Limits,
         metrics: Metrics,
@@ -181,7 +108,7 @@ class Scheduler:
         self.adapter = adapter
         self.worker = worker
         self.cache = cache
-        self.fetcher = fetcher
+        self.media = media
         self.pool = pool
         self.limits = limits
         self.metrics = metrics
@@ -192,7 +119,7 @@ class Scheduler:
         """The leading columns of a row that a pooled vector averages (``EncoderAdapter.pooled_width``)."""
         return self.adapter.pooled_width
 
-    async def encode(self, items: Sequence[ItemInput], mode: PrecomputedMode = "strict") -> list[ItemResult]:
+    async def encode(self, items: Sequence[Item], mode: PrecomputedMode = "strict") -> list[ItemResult]:
         """Results in request order. Past the deadline: ``timeout``, and queued work is dropped."""
         try:
             async with asyncio.timeout(self.limits.request_timeout):
@@ -203,7 +130,7 @@ class Scheduler:
                 details={"timeout_s": self.limits.request_timeout},
             ) from None
 
-    async def _encode(self, items: Sequence[ItemInput], mode: PrecomputedMode) -> list[ItemResult]:
+    async def _encode(self, items: Sequence[Item], mode: PrecomputedMode) -> list[ItemResult]:
         if len(items) > self.limits.max_items:
             raise PayloadTooLarge(
                 f"{len(items)} items, over the limit of {self.limits.max_items} per request",
@@ -231,10 +158,10 @@ class Scheduler:
             self.metrics.items.labels(result.source).inc()
         return ordered
 
-    def _check_modalities(self, items: Sequence[ItemInput]) -> None:
+    def _check_modalities(self, items: Sequence[Item]) -> None:
         """Each item's modality only for a model that takes it, on a server that decodes it: before any work."""
         for index, item in enumerate(items):
-            rule = MEDIA_RULES[item.kind]
+            rule = MODALITY_RULES[item.kind]
             where = ItemLocation(index, (item.kind,), named_in_message=True)
             if not self.adapter.takes(item.kind):
                 raise UnsupportedModality(
@@ -243,7 +170,7 @@ class Scheduler:
                     details={"family": self.adapter.family, "modality": item.kind},
                 )
             # A frame list is images: it needs no video decoder.
-            problem = rule.decoder_problem() if isinstance(item.media, (str, bytes)) else None
+            problem = rule.decoder_problem() if isinstance(item.source, (str, bytes)) else None
             if problem is not None:
                 raise UnsupportedModality(
                     f"item {index} is {rule.article}, which this server cannot decode: {problem}",
@@ -252,7 +179,7 @@ class Scheduler:
                 )
 
     # ----- precomputed items -----
-    def _check_metadata(self, items: Sequence[ItemInput], indices: Sequence[int]) -> dict[int, int]:
+    def _check_metadata(self, items: Sequence[Item], indices: Sequence[int]) -> dict[int, int]:
         rows: dict[int, int] = {}
         absent: list[dict[str, Any]] = []
         malformed: list[dict[str, Any]] = []
@@ -289,7 +216,7 @@ class Scheduler:
             )
         return rows
 
-    def _precomputed_result(self, index: int, item: ItemInput, expected_rows: int) -> ItemResult:
+    def _precomputed_result(self, index: int, item: Item, expected_rows: int) -> ItemResult:
         assert item.embedding is not None
         expected = [expected_rows, self.adapter.hidden_size]
         if list(item.embedding.shape) != expected:
@@ -303,7 +230,7 @@ class Scheduler:
         return ItemResult(index, "precomputed", None, dict(item.metadata), rows)
 
     # ----- raw items: hash, cache, decode, encode -----
-    async def _resolve_raw(self, items: Sequence[ItemInput], indices: Sequence[int]) -> list[ItemResult]:
+    async def _resolve_raw(self, items: Sequence[Item], indices: Sequence[int]) -> list[ItemResult]:
         kinds = {i: items[i].kind for i in indices}
         fetched = await _gather_in_order(indices, [self._media_bytes(i, items[i]) for i in indices], kinds)
         results: list[ItemResult] = []
@@ -332,7 +259,10 @@ class Scheduler:
                 )
             else:
                 item = items[index]
-                pending.append(_Pending(index, key, data, item.kind, self._sampling(item), item.frames_fps))
+                if isinstance(item, VideoItem):
+                    pending.append(_Pending(index, key, data, "video", self._sampling(item), item.frames_fps))
+                else:
+                    pending.append(_Pending(index, key, data, item.kind, VideoSampling(), None))
         if pending:
             results.extend(await self._encode_pending(pending))
         by_index = {result.index: result for result in results}
@@ -357,107 +287,46 @@ class Scheduler:
             results.append(ItemResult(entry.index, "encoder", entry.hash, dict(item.metadata), item_rows))
         return results
 
-    def _identity(self, item: ItemInput) -> str:
+    def _identity(self, item: Item) -> str:
         """What a content hash covers beside the file's bytes: the model, and for a video the video
         processor's settings and the frames asked for (other frames, other rows)."""
-        if item.frames_fps is not None:
-            return f"{self.adapter.fingerprint};video-frames;{self.adapter.video_fingerprint};fps={item.frames_fps}"
-        if item.kind == "video":
+        if isinstance(item, VideoItem):
+            if item.frames_fps is not None:
+                fps = item.frames_fps
+                return f"{self.adapter.fingerprint};video-frames;{self.adapter.video_fingerprint};fps={fps}"
             return f"{self.adapter.fingerprint};video;{self.adapter.video_fingerprint};{self._sampling(item).key}"
         if item.kind == "audio":  # the feature extractor's settings are in the fingerprint already
             return f"{self.adapter.fingerprint};audio"
         return self.adapter.fingerprint
 
-    def _sampling(self, item: ItemInput) -> VideoSampling:
+    def _sampling(self, item: VideoItem) -> VideoSampling:
         """The item's sampling, under the server's rule where it names none."""
         if item.sampling.rule is not None:
             return item.sampling
         return replace(item.sampling, rule=self.video_sampling)
 
-    async def _media_bytes(self, index: int, item: ItemInput) -> bytes | None:
-        """The file bytes of an item's image or video; ``None`` for an item that only names a hash."""
-        media = item.media
-        if media is None:
+    async def _media_bytes(self, index: int, item: Item) -> bytes | None:
+        """The file bytes of an item's image, video or audio; ``None`` for an item that only names a hash."""
+        source = item.source
+        if source is None:
             return None
-        if isinstance(media, list):
-            return await self._frame_list_bytes(index, media)
-        rule = MEDIA_RULES[item.kind]
-        max_bytes = rule.max_bytes(self.limits)
-        if isinstance(media, bytes):
-            if len(media) > max_bytes:
-                raise PayloadTooLarge(
-                    f"{item.kind} is {len(media)} bytes, over the limit of {max_bytes}",
-                    details={"limit": f"max_{item.kind}_bytes", "max_bytes": max_bytes},
-                )
-            return media
-        if is_url(media):
-            if item.kind == "image":
-                return await self.fetcher.fetch(media)  # within the fetcher's own image limit
-            return await self.fetcher.fetch(media, kind=rule.media, max_bytes=max_bytes)
+        if isinstance(source, list):
+            return await self.media.load_frames(source, index=index)
+        return await self.media.load(source, KINDS[item.kind])
 
-        def decode() -> bytes:
-            if item.kind == "image":  # an image's own checks: text sent as an image, SVG...
-                return decode_inline_image(media, max_bytes=max_bytes)
-            return decode_base64_file(media, max_bytes=max_bytes, kind=rule.media)
-
-        # SIMD base64 takes ~50 us per MB: below that, a thread hop (a wake-up of the loop) costs more.
-        if len(media) < _INLINE_BASE64_CHARS:
-            return decode()
-        return await asyncio.get_running_loop().run_in_executor(self.pool, decode)
-
-    async def _frame_list_bytes(self, index: int, frames: list[str]) -> bytes:
-        """A frame list's images, fetched or decoded from base64 as images are, packed into one blob
-        (:func:`pack_frames`) that is hashed and cached as a video file's bytes are."""
-        if len(frames) > self.limits.video.max_frames:
-            raise PayloadTooLarge(
-                f"the frame list holds {len(frames)} frames, over the limit of {self.limits.video.max_frames} "
-                "(--max-video-frames)",
-                details={
-                    "limit": "max_video_frames",
-                    "max_frames": self.limits.video.max_frames,
-                    "frames": len(frames),
-                },
-            )
-        budget = self.limits.max_video_bytes
-        received = 0
-        gate = asyncio.Semaphore(_FRAME_FETCHES)
-
-        async def one(position: int, frame: str) -> bytes:
-            nonlocal received
-            async with gate:
-                try:
-                    data = await self._media_bytes(index, ItemInput(image=frame))  # each within --max-image-bytes
-                except ServiceError as error:
-                    raise error.at_item(index, ("video", position)) from None  # items[i].video[j]
-            assert data is not None
-            received += len(data)
-            if received > budget:  # the whole list within --max-video-bytes, checked as frames arrive
-                raise PayloadTooLarge(
-                    f"the frame list's images pass {budget} bytes, the limit (--max-video-bytes)",
-                    details={"limit": "max_video_bytes", "max_bytes": budget},
-                )
-            return data
-
-        try:
-            async with asyncio.TaskGroup() as group:  # the first failure cancels the frames still coming
-                tasks = [group.create_task(one(position, frame)) for position, frame in enumerate(frames)]
-        except BaseExceptionGroup as failed:
-            raise failed.exceptions[0] from None
-        return pack_frames([task.result() for task in tasks])
-
-    def _prepare(self, pending: _Pending) -> PreparedImage:
+    def _prepare(self, pending: _Pending) -> PreparedItem:
         """Decode and preprocess one item; runs on the pool."""
         prepare = {"image": self._prepare_image, "video": self._prepare_video, "audio": self._prepare_audio}
         return prepare[pending.kind](pending)
 
-    def _prepare_image(self, pending: _Pending) -> PreparedImage:
+    def _prepare_image(self, pending: _Pending) -> PreparedItem:
         image = decode_image(pending.data, max_pixels=self.limits.max_image_pixels)
         try:
             return self.adapter.preprocess(image)
         except ValueError as exc:  # e.g. Qwen2-VL refuses aspect ratios over 200
             raise InvalidImage(f"the model's image processor cannot take this image: {exc}") from None
 
-    def _prepare_audio(self, pending: _Pending) -> PreparedImage:
+    def _prepare_audio(self, pending: _Pending) -> PreparedItem:
         rate = self.adapter.audio_sampling_rate
         assert rate is not None  # _check_audio let the item through
         audio = decode_audio(pending.data, self.limits.audio, rate)
@@ -466,7 +335,7 @@ class Scheduler:
         except ValueError as exc:
             raise InvalidAudio(f"the model's feature extractor cannot take this audio: {exc}") from None
 
-    def _prepare_video(self, pending: _Pending) -> PreparedImage:
+    def _prepare_video(self, pending: _Pending) -> PreparedItem:
         def keep(total_frames: int, fps: float | None) -> list[int]:
             try:
                 return self.adapter.video_frames_to_keep(total_frames, fps, pending.sampling)
@@ -514,7 +383,7 @@ class Scheduler:
             raise NotReady("the encoder worker is not running") from None
 
     async def _run_encoder(
-        self, prepared: list[PreparedImage], indices: list[int], reservation: Reservation
+        self, prepared: list[PreparedItem], indices: list[int], reservation: Reservation
     ) -> list[torch.Tensor]:
         try:
             return await self.worker.encode(prepared, reservation)

@@ -24,7 +24,7 @@ from mmencode.app.engine.compute_gate import ComputeGate
 from mmencode.app.engine.cpu_threads import measure_forward_threads
 from mmencode.app.engine.threads import torch_threads_here
 from mmencode.app.metrics import Metrics
-from mmencode.models import EncoderAdapter, EncoderOutput, PreparedImage
+from mmencode.models import EncoderAdapter, EncoderOutput, PreparedItem
 
 __all__ = [
     "EncoderWorker",
@@ -96,7 +96,7 @@ class QueueBytesFull(QueueFull):
 
 @dataclass(eq=False)
 class _Job:
-    items: Sequence[PreparedImage]
+    items: Sequence[PreparedItem]
     future: asyncio.Future[list[torch.Tensor]]
     reservation: Reservation
     tokens: int = field(init=False)
@@ -108,7 +108,7 @@ class _Job:
         self.nbytes = sum(prepared_nbytes(item) for item in self.items)
 
 
-def prepared_nbytes(item: PreparedImage) -> int:
+def prepared_nbytes(item: PreparedItem) -> int:
     """The memory an item's model inputs hold until its forward ends (a video's frames as pixel patches)."""
     return sum(int(tensor.untyped_storage().nbytes()) for tensor in item.tensors.values())
 
@@ -220,9 +220,7 @@ class EncoderWorker:
         self._unreserved.clear()
         return Reservation(self)
 
-    async def encode(
-        self, items: Sequence[PreparedImage], reservation: Reservation | None = None
-    ) -> list[torch.Tensor]:
+    async def encode(self, items: Sequence[PreparedItem], reservation: Reservation | None = None) -> list[torch.Tensor]:
         """Rows for each item, in order. Raises QueueFull (QueueBytesFull past the byte budget),
         WorkerStopped, TokenDrift or the model's error.
 
@@ -353,7 +351,7 @@ class EncoderWorker:
             start = end
         return outcomes
 
-    def _forward(self, items: Sequence[PreparedImage]) -> EncoderOutput:
+    def _forward(self, items: Sequence[PreparedItem]) -> EncoderOutput:
         with self.gate.exclusive():
             started = time.perf_counter()
             output = self.adapter.forward(items)
@@ -362,7 +360,7 @@ class EncoderWorker:
         self.metrics.batch_tokens.observe(int(output.rows.shape[0]))
         return output
 
-    def _rows_item_by_item(self, items: Sequence[PreparedImage]) -> list[int] | None:
+    def _rows_item_by_item(self, items: Sequence[PreparedItem]) -> list[int] | None:
         """Observed rows per item of a drifting packed job: run each alone (error path only)."""
         try:
             return [int(self._forward([item]).rows.shape[0]) for item in items]

@@ -26,12 +26,10 @@ from typing import Any
 import numpy as np
 
 from mmencode.app.engine.errors import InvalidAudio, PayloadTooLarge
-from mmencode.app.media.image import MediaKind, is_image_container
+from mmencode.app.media.image import is_image_container
 from mmencode.models.base import DecodedAudio
 
-__all__ = ["AUDIO", "AudioLimits", "audio_support", "decode_audio"]
-
-AUDIO = MediaKind("audio", InvalidAudio, "max_audio_bytes")
+__all__ = ["AudioLimits", "audio_support", "decode_audio"]
 
 # Mono and stereo: what speech models are given. More channels (5.1, 7.1, an 8-channel field recording)
 # have no one downmix a model was trained on, and multiply the decoded bytes: refused, downmix first.

@@ -24,9 +24,9 @@ from http.cookiejar import CookieJar, DefaultCookiePolicy
 import httpx
 
 from mmencode.app.engine.errors import MediaFetchFailed, PayloadTooLarge, UrlNotAllowed
-from mmencode.app.media.image import IMAGE, MediaKind
+from mmencode.app.media.kinds import IMAGE, MediaKind
 
-__all__ = ["ImageFetcher", "is_public_address"]
+__all__ = ["MediaFetcher", "is_public_address"]
 
 _REDIRECTS = {301, 302, 303, 307, 308}
 # A DNS name as httpx encodes it (IDNA, lowercase); anything else is never handed to the resolver.
@@ -77,7 +77,7 @@ def _normalize_host(host: str) -> str:
     return host.strip().lower().removeprefix("[").removesuffix("]").rstrip(".")
 
 
-class ImageFetcher:
+class MediaFetcher:
     def __init__(
         self,
         *,

@@ -12,17 +12,15 @@ import binascii
 import io
 import re
 import warnings
-from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from mmencode.app.engine.errors import InvalidImage, InvalidRequest, PayloadTooLarge
+from mmencode.app.engine.errors import InvalidImage, PayloadTooLarge
 from mmencode.app.media.b64 import decode_strict
+from mmencode.app.media.kinds import IMAGE, MediaKind
 
 __all__ = [
-    "IMAGE",
-    "MediaKind",
     "decode_base64_file",
     "decode_base64_image",
     "decode_image",
@@ -80,18 +78,6 @@ def decode_inline_image(source: str, *, max_bytes: int) -> bytes:
         if bare and not _BASE64_TEXT.fullmatch(source.strip()):
             raise _text_sent_as_image() from None  # words and punctuation: text, not an image's base64
         raise
-
-
-@dataclass(frozen=True, slots=True)
-class MediaKind:
-    """What an inline file is meant to be: its word in messages, data URI media type, error and limit."""
-
-    name: str  # "image", "video"
-    error: type[InvalidRequest]
-    limit: str  # the setting that bounds its bytes
-
-
-IMAGE = MediaKind("image", InvalidImage, "max_image_bytes")
 
 
 def is_image_container(format_name: str) -> bool:

@@ -26,11 +26,10 @@ from typing import Any
 import numpy as np
 
 from mmencode.app.engine.errors import InvalidImage, InvalidVideo, PayloadTooLarge
-from mmencode.app.media.image import MediaKind, decode_image, is_image_container
+from mmencode.app.media.image import decode_image, is_image_container
 from mmencode.models.base import DecodedVideo
 
 __all__ = [
-    "VIDEO",
     "FrameChooser",
     "VideoLimits",
     "decode_frame_list",
@@ -39,8 +38,6 @@ __all__ = [
     "unpack_frames",
     "video_support",
 ]
-
-VIDEO = MediaKind("video", InvalidVideo, "max_video_bytes")
 
 # (frames in the clip, its frame rate) -> indices of the frames to keep, in order.
 FrameChooser = Callable[[int, float | None], Sequence[int]]

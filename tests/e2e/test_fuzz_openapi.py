@@ -34,7 +34,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from mmencode.app.engine.engine import Runtime
+from mmencode.app.engine.engine import Engine
 from mmencode.app.engine.errors import MediaFetchFailed
 from tests.helpers import LiveServer, data_uri, live_server, noise_image
 
@@ -98,11 +98,11 @@ def _looks_like_url(value: Any) -> bool:
     return False
 
 
-def _runtime(server: LiveServer) -> Runtime:
+def _engine(server: LiveServer) -> Engine:
     app = server.server.config.app
     assert isinstance(app, FastAPI)
-    runtime: Runtime = app.state.runtime
-    return runtime
+    engine: Engine = app.state.engine
+    return engine
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +110,7 @@ def fuzz_server(checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathF
     with live_server(
         model=checkpoints["qwen2_vl"], cache_dir=tmp_path_factory.mktemp("fuzz-cache"), url_fetch_timeout=0.5
     ) as server:
-        fetcher = _runtime(server).fetcher
+        fetcher = _engine(server).fetcher
 
         async def refuse(url: str) -> bytes:
             raise MediaFetchFailed(f"fetching {url} is disabled on this test server", details={"url": url})
@@ -219,7 +219,7 @@ def test_openapi_fuzz(api_schema: Any, fuzz_server: LiveServer, method: str, pat
         pytest.skip("no parameters and no body: nothing to make invalid")
     strategy = operation.as_strategy(generation_mode=mode)
     if mode == GenerationMode.POSITIVE:
-        model_name = _runtime(fuzz_server).model_name
+        model_name = _engine(fuzz_server).model_name
         strategy = strategy.flatmap(lambda case: _realistic(case, model_name))
 
     @given(case=strategy)

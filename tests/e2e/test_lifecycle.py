@@ -60,13 +60,13 @@ def test_draining_turns_readiness_off_and_finishes_in_flight_work(checkpoints: d
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             in_flight = pool.submit(slow_request)
             started.wait()
-            runtime = server.server.config.app.state.runtime  # type: ignore[union-attr]
+            engine = server.server.config.app.state.engine  # type: ignore[union-attr]
             deadline = time.monotonic() + 30
-            while runtime.worker.pending == 0 and time.monotonic() < deadline:
+            while engine.worker.pending == 0 and time.monotonic() < deadline:
                 time.sleep(0.005)  # until the slow request has been accepted by the worker
-            assert runtime.worker.pending == 1
+            assert engine.worker.pending == 1
             with server.client() as client:
-                runtime.begin_drain()
+                engine.begin_drain()
                 ready = client.get("/ready")
                 refused = client.post("/v1/encode", json={"items": BIG[:1]})
             server.server.should_exit = True  # uvicorn stops accepting and waits for in-flight requests

@@ -21,17 +21,21 @@ import orjson
 
 from mmencode.app.api.chat.errors import EncoderCacheWriteFailed, UpstreamFailed
 from mmencode.app.api.chat.forward import UpstreamAnswer, UpstreamForwarder
+from mmencode.app.api.chat.front_door import FrontDoor
 from mmencode.app.api.chat.request import ChatRequest
 from mmencode.app.api.chat.upstreams import UpstreamPool
-from mmencode.app.api.model import ServedModel
+from mmencode.app.config import Settings
+from mmencode.app.engine.engine import Engine, EngineInfo
 from mmencode.app.engine.errors import ServiceError
-from mmencode.app.engine.scheduler import ItemInput, ItemResult
 from mmencode.app.engine.threads import in_executor
+from mmencode.app.engine.types import ImageItem, ItemResult
 from mmencode.app.http.errors import error_object
 from mmencode.app.metrics import Metrics
 from mmencode.app.peers.vllm.ec_writer import EncoderCacheWriter
 from mmencode.app.peers.vllm.parts import ec_part, embeds_part
 from mmencode.app.wire.encodings import TORCH_DTYPES
+from mmencode.models import CheckpointError
+from mmencode.models.catalog import VLLM_EC_ONLY
 
 __all__ = ["ChatService", "ChatStream"]
 
@@ -74,9 +78,34 @@ class ChatStream:
 
 
 class ChatService:
+    @classmethod
+    def start(
+        cls,
+        engine: Engine,
+        front_door: FrontDoor,
+        metrics: Metrics,
+        *,
+        settings: Settings,
+        ec_writer: EncoderCacheWriter | None,
+    ) -> ChatService:
+        """The chat API's service, and its check of the loaded model: the front door's transport must be one
+        vLLM takes this family's rows through, or the service does not start (a checkpoint error)."""
+        service = cls(
+            engine,
+            front_door.pool,
+            front_door.forwarder,
+            metrics,
+            transport=settings.upstream_transport,
+            dtype=settings.upstream_dtype,
+            ec_writer=ec_writer,
+            executor=engine.io_executor,
+        )
+        engine.startup_checks.append(service.check_transport)
+        return service
+
     def __init__(
         self,
-        model: ServedModel,
+        engine: Engine,
         pool: UpstreamPool,
         forwarder: UpstreamForwarder,
         metrics: Metrics,
@@ -86,7 +115,7 @@ class ChatService:
         ec_writer: EncoderCacheWriter | None,
         executor: Executor | None = None,
     ) -> None:
-        self._model = model
+        self._engine = engine
         self._pool = pool
         self._forwarder = forwarder
         self._metrics = metrics
@@ -100,6 +129,15 @@ class ChatService:
     @property
     def pool(self) -> UpstreamPool:
         return self._pool
+
+    def check_transport(self, info: EngineInfo) -> None:
+        """vLLM refuses ``image_embeds`` parts for some families: those need the connector files."""
+        if self._transport == "embeds" and info.family in VLLM_EC_ONLY:
+            raise CheckpointError(
+                f"vLLM takes no image_embeds part for {info.family} models, so the front door cannot forward "
+                "their rows inside the request: start with --upstream-transport ec and --ec-shared-storage DIR "
+                "(the directory the upstreams' ECExampleConnector reads)"
+            )
 
     async def complete(self, chat: ChatRequest, *, tried: list[str] | None = None) -> tuple[str, bytes]:
         """A whole answer: ``(media type, body)``. ``tried``: the upstreams asked are appended to it."""
@@ -135,7 +173,7 @@ class ChatService:
         return answer
 
     async def _encode(self, chat: ChatRequest) -> list[ItemResult]:
-        results = await self._model.scheduler.encode([ItemInput(image=image.source) for image in chat.images])
+        results = await self._engine.encode([ImageItem(file=image.source) for image in chat.images])
         if self._transport == "ec":
             assert self._ec_writer is not None
             paths = await self._ec_writer.write_all([(result.hash, result.rows) for result in results])
@@ -152,7 +190,7 @@ class ChatService:
 
     async def _rewritten(self, chat: ChatRequest, results: list[ItemResult]) -> bytes:
         """The request's JSON with each image part replaced by the transport's part."""
-        dtype = self._model.scheduler.adapter.dtype if self._dtype == "auto" else TORCH_DTYPES[self._dtype]
+        dtype = self._engine.info.dtype if self._dtype == "auto" else TORCH_DTYPES[self._dtype]
 
         def render() -> bytes:
             for image, result in zip(chat.images, results, strict=True):

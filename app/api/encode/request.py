@@ -21,11 +21,11 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
 from mmencode.app.engine.errors import PayloadTooLarge, ServiceError
-from mmencode.app.engine.scheduler import ItemInput
+from mmencode.app.engine.types import AudioItem, ImageItem, Item, Precomputed, VideoItem
 from mmencode.app.http.validation import validation_error
 from mmencode.app.suggest import did_you_mean
 from mmencode.models.base import VideoSampling
-from mmencode.schemas.encode import EncodeOptions, EncodeRequest
+from mmencode.schemas.encode import EncodeItem, EncodeOptions, EncodeRequest, PrecomputedEmbedding
 
 __all__ = ["MULTIPART_FIELDS", "parse_json", "read_multipart"]
 
@@ -34,7 +34,7 @@ _ITEM_PART = re.compile(r"items\[(0|[1-9][0-9]{0,8})\]\.(image|video|audio|preco
 _TWICE = "given both in `request` and as a file part"
 
 
-def parse_json(raw: bytes) -> tuple[EncodeOptions, list[ItemInput]]:
+def parse_json(raw: bytes) -> tuple[EncodeOptions, list[Item]]:
     """A JSON body (anything but multipart is read as JSON: `curl -d` sends a form content type)."""
     body = _parse(raw)
     return body, _items(body)
@@ -54,27 +54,41 @@ def _parse(raw: bytes | dict[str, Any]) -> EncodeRequest:
         raise validation_error(exc.errors(include_url=False), model=EncodeRequest) from None
 
 
-def _items(body: EncodeRequest) -> list[ItemInput]:
-    return [
-        ItemInput(
-            image=i.image,
-            embedding=i.precomputed_embedding,
-            metadata=i.metadata,
-            hash=i.hash,
-            video=i.video,
-            audio=i.audio,
-            modality=i.modality,
+def _items(body: EncodeRequest) -> list[Item]:
+    return [_item(item) for item in body.items]
+
+
+def _item(item: EncodeItem) -> Item:
+    """The engine's item for one wire item: its kind by the file it carries, else by ``modality`` (a
+    precomputed item's, which says which metadata it needs), else an image."""
+    embedding = _precomputed(item.precomputed_embedding)
+    common: dict[str, Any] = {"embedding": embedding, "metadata": item.metadata, "hash": item.hash}
+    kind = "video" if item.video is not None else "audio" if item.audio is not None else None
+    kind = kind or ("image" if item.image is not None else item.modality or "image")
+    if kind == "video":
+        frames = isinstance(item.video, list)
+        return VideoItem(
+            file=item.video,
             # A frame list is taken whole; its fps is the rate the frames were sampled at.
             sampling=VideoSampling()
-            if isinstance(i.video, list)
-            else VideoSampling(fps=i.fps, num_frames=i.num_frames, rule=i.sampling),
-            frames_fps=i.fps if isinstance(i.video, list) else None,
+            if frames
+            else VideoSampling(fps=item.fps, num_frames=item.num_frames, rule=item.sampling),
+            frames_fps=item.fps if frames else None,
+            **common,
         )
-        for i in body.items
-    ]
+    if kind == "audio":
+        return AudioItem(file=item.audio, **common)
+    return ImageItem(file=item.image, **common)
 
 
-async def read_multipart(request: Request, max_items: int, max_body: int) -> tuple[EncodeOptions, list[ItemInput]]:
+def _precomputed(embedding: PrecomputedEmbedding | None) -> Precomputed | None:
+    if embedding is None:
+        return None
+    rows, width = embedding.shape
+    return Precomputed(data=embedding.data, dtype=embedding.dtype, shape=(rows, width))
+
+
+async def read_multipart(request: Request, max_items: int, max_body: int) -> tuple[EncodeOptions, list[Item]]:
     # Up to two file parts per item (image and embedding); text parts may be as large as the body
     # (a `request` with inline base64), which the body limit already bounds.
     max_files = 2 * max_items
@@ -100,7 +114,7 @@ async def read_multipart(request: Request, max_items: int, max_body: int) -> tup
         await form.close()
 
 
-async def _image_parts(form: FormData, max_items: int) -> tuple[EncodeOptions, list[ItemInput]]:
+async def _image_parts(form: FormData, max_items: int) -> tuple[EncodeOptions, list[Item]]:
     """The curl form: ``image`` files and text options."""
     uploads = [value for key, value in form.multi_items() if key == "image"]
     unknown = sorted({key for key in form if key != "image"} - MULTIPART_FIELDS)
@@ -123,7 +137,7 @@ async def _image_parts(form: FormData, max_items: int) -> tuple[EncodeOptions, l
         options = EncodeOptions.model_validate({k: v for k, v in form.items() if k in MULTIPART_FIELDS})
     except ValidationError as exc:
         raise validation_error(exc.errors(include_url=False), model=EncodeOptions) from None
-    items = [ItemInput(image=await upload.read()) for upload in uploads if isinstance(upload, UploadFile)]
+    items: list[Item] = [ImageItem(file=await upload.read()) for upload in uploads if isinstance(upload, UploadFile)]
     return options, items
 
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from mmencode.app.api.encode.response import PayloadMemo, render_encode_response
-from mmencode.app.api.model import ServedModel
-from mmencode.app.engine.scheduler import ItemInput, ItemResult
+from mmencode.app.engine.engine import Engine
 from mmencode.app.engine.threads import in_executor
+from mmencode.app.engine.types import Item, ItemResult
 from mmencode.app.peers.vllm.ec_writer import EncoderCacheWriter
 from mmencode.schemas.encode import EncodeOptions
 
@@ -29,25 +29,23 @@ class EncodeAnswer:
 class EncodeService:
     def __init__(
         self,
-        model: ServedModel,
+        engine: Engine,
         *,
         memo: PayloadMemo | None,
         ec_writer: EncoderCacheWriter | None,
         executor: Executor | None = None,
     ) -> None:
-        self._model = model
+        self._engine = engine
         self._memo = memo
         self._executor = executor  # renders large answers off the event loop
         # vLLM's encoder-cache connector files (--ec-shared-storage), written before the answer.
         self._ec_writer = ec_writer
 
-    async def encode(
-        self, options: EncodeOptions, items: list[ItemInput], *, binary: bool, request_id: str
-    ) -> EncodeAnswer:
+    async def encode(self, options: EncodeOptions, items: list[Item], *, binary: bool, request_id: str) -> EncodeAnswer:
         """The answer to ``items``: a safetensors container when ``binary``, else JSON."""
-        self._model.check_model(options.model)
-        results = await self._model.scheduler.encode(items, options.precomputed)
-        answer = _answer(request_id, self._model.model_name, results)
+        self._engine.check_model(options.model)
+        results = await self._engine.encode(items, options.precomputed)
+        answer = _answer(request_id, self._engine.model_name, results)
         if self._ec_writer is not None:
             # vLLM checks for the file as soon as the language request arrives: write before answering.
             paths = await self._ec_writer.write_all([(r.hash, r.rows) for r in results])

@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from mmencode.app.api.model import ServedModel
+from mmencode.app.engine.engine import Engine
 from mmencode.app.engine.errors import UnsupportedParameter
-from mmencode.app.engine.scheduler import ItemInput
+from mmencode.app.engine.types import AudioItem, ImageItem, Item, VideoItem
 from mmencode.app.wire.b64 import encode_ascii
 from mmencode.schemas.embeddings import EmbeddingsRequest, ModelCard, ModelList
 
@@ -22,25 +22,24 @@ __all__ = ["EmbeddingsService"]
 
 
 class EmbeddingsService:
-    def __init__(self, model: ServedModel, *, upstream_models: Callable[[], list[str]] | None = None) -> None:
-        self._model = model
+    def __init__(self, engine: Engine, *, upstream_models: Callable[[], list[str]] | None = None) -> None:
+        self._engine = engine
         # The chat front door's upstreams' models, listed beside the encoder's own.
         self._upstream_models = upstream_models
 
     async def embed(self, body: EmbeddingsRequest) -> dict[str, Any]:
         """OpenAI's answer, with ``usage`` counting the images' rows."""
-        self._model.check_model(body.model)
-        scheduler = self._model.scheduler
-        width = scheduler.pooled_width
+        self._engine.check_model(body.model)
+        width = self._engine.info.pooled_width
         if body.dimensions is not None and body.dimensions != width:
             raise UnsupportedParameter(
-                f"dimensions={body.dimensions} is not supported: {self._model.model_name} returns "
+                f"dimensions={body.dimensions} is not supported: {self._engine.model_name} returns "
                 f"{width}-dimensional vectors",
                 param="dimensions",
                 details={"requested": body.dimensions, "supported": [width]},
             )
         inputs = [body.input] if isinstance(body.input, str) else body.input
-        results = await scheduler.encode([_item(source, body.modality) for source in inputs])
+        results = await self._engine.encode([_item(source, body.modality) for source in inputs])
         tokens = sum(result.num_tokens for result in results)
         data = []
         for result in results:
@@ -50,30 +49,30 @@ class EmbeddingsService:
         return {
             "object": "list",
             "data": data,
-            "model": self._model.model_name,
+            "model": self._engine.model_name,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }
 
     def models(self) -> ModelList:
         card = ModelCard(
-            id=self._model.model_name,
-            created=self._model.started_at,
-            image_processor_backend=self._model.image_processor_backend,
+            id=self._engine.model_name,
+            created=self._engine.started_at,
+            image_processor_backend=self._engine.image_processor_backend,
         )
         cards = [card]
         for name in self._upstream_models() if self._upstream_models is not None else []:
             if name != card.id:
-                cards.append(ModelCard(id=name, created=self._model.started_at, owned_by="upstream"))
+                cards.append(ModelCard(id=name, created=self._engine.started_at, owned_by="upstream"))
         return ModelList(data=cards)
 
 
-def _item(source: str, modality: str | None) -> ItemInput:
+def _item(source: str, modality: str | None) -> Item:
     """An input as an item: a video or audio clip when the request says so or its data URI is one, else an image."""
     if modality == "video" or source[:11].lower() == "data:video/":
-        return ItemInput(video=source)
+        return VideoItem(file=source)
     if modality == "audio" or source[:11].lower() == "data:audio/":
-        return ItemInput(audio=source)
-    return ItemInput(image=source)
+        return AudioItem(file=source)
+    return ImageItem(file=source)
 
 
 def l2_normalised_mean(rows: torch.Tensor) -> np.ndarray:

@@ -24,7 +24,7 @@ from mmencode.app.http.json_body import JiterRoute
 from mmencode.app.http.responses import JSONBytesResponse
 from mmencode.app.http.validation import validation_error
 from mmencode.app.metrics import Metrics
-from mmencode.app.peers.sglang.bridge import SGLANG_LOCATOR
+from mmencode.app.peers.sglang.protocol import SGLANG_LOCATOR
 from mmencode.schemas.sglang import SGLANG_VERSION, SGLangEncodeRequest, SGLangReceiveUrlRequest
 
 router = APIRouter(
