@@ -39,6 +39,7 @@ from mmencode.app.http.middleware import RequestContextMiddleware
 from mmencode.app.http.openapi import install_openapi
 from mmencode.app.metrics import Metrics
 from mmencode.app.peers.sglang.bridge import SGLangEncoderBridge
+from mmencode.app.peers.sglang.sampling import SGLANG_FRAMES
 from mmencode.app.peers.vllm.ec_writer import EncoderCacheWriter
 
 __all__ = ["create_app"]
@@ -46,7 +47,7 @@ __all__ = ["create_app"]
 
 def create_app(settings: Settings) -> FastAPI:
     metrics = Metrics()
-    engine = Engine.from_settings(settings, metrics)
+    engine = Engine.from_settings(settings, metrics, frame_choices={"sglang": SGLANG_FRAMES})
     # Peers' formats: vLLM's encoder-cache files (opt-in) and SGLang's encoder protocol.
     ec_writer = (
         EncoderCacheWriter(settings.ec_shared_storage, _ec_dtype(settings), metrics, executor=engine.io_executor)

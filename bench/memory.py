@@ -213,6 +213,12 @@ def plot(reports: list[tuple[str, dict[str, Any]]], path: Path) -> None:
     figure.savefig(path, dpi=110)
 
 
+def _labelled(text: str) -> tuple[str, dict[str, Any]]:
+    """``LABEL=REPORT.json`` as (label, report)."""
+    label, path = text.split("=", 1)
+    return label, json.loads(Path(path).read_text())
+
+
 def _size(text: str) -> int:
     from pydantic import ByteSize, TypeAdapter
 
@@ -235,7 +241,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", type=Path, help="draw RSS and the gauges (with --compare, beside another run)")
     parser.add_argument("--compare", action="append", default=[], help="LABEL=REPORT.json to plot too")
     parser.add_argument("--label", default="this run")
+    parser.add_argument("--plot-only", action="store_true", help="draw --compare's reports, run nothing")
     args = parser.parse_args(argv)
+    if args.plot_only:
+        plot([_labelled(text) for text in args.compare], args.plot)
+        return 0
     checkpoint = build_checkpoint("tiny", args.root)
     options = ["--cache-bytes", str(args.cache_bytes), "--response-memo-bytes", str(args.response_memo_bytes)]
     options += ["--log-level", "warning", *args.serve_option]

@@ -33,6 +33,7 @@ import torch
 
 from mmencode.app.engine.errors import PayloadTooLarge
 from mmencode.app.media.video import VideoLimits, decode_video
+from mmencode.app.peers.sglang.sampling import SGLANG_FRAMES
 from mmencode.models.base import VideoSampling
 from mmencode.models.registry import load_encoder
 from mmencode.models.tiny import build_tiny
@@ -99,7 +100,7 @@ def main() -> None:
                 samplings = (
                     ("checkpoint", VideoSampling()),
                     ("fps=2", VideoSampling(fps=2.0)),
-                    ("sglang", VideoSampling(rule="sglang")),
+                    ("sglang", VideoSampling(choice=SGLANG_FRAMES)),
                 )
                 for label, sampling in samplings:
                     row = f"| {family} | {seconds} s 720p30 ({len(data) / 2**20:.1f} MB) | {label} |"

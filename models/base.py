@@ -13,7 +13,7 @@ import reprlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
 import numpy as np
 import torch
@@ -28,8 +28,6 @@ from mmencode.models.weights import KeyMap
 # What an item is: the file field it came in (``image``, ``video``, ``audio``), or a precomputed item's
 # ``modality``.
 Modality = Literal["image", "video", "audio"]
-# Whose sampling a video item follows (VideoSampling).
-SamplingRule = Literal["checkpoint", "sglang"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,23 +55,40 @@ class DecodedVideo:
     indices: list[int]  # frames[i] is the clip's frame indices[i]
 
 
+class FrameChoice(Protocol):
+    """Someone else's way of picking and sizing a clip's frames before the checkpoint's video processor
+    sees them (a peer's own decoder, say), handed to the adapter; this package names no one."""
+
+    name: str  # in the content hash: other frames, other rows
+    default_fps: float  # the rate it samples at when asked none (Qwen2.5-VL's timing reads it)
+
+    def frame_indices(
+        self, total_frames: int, clip_fps: float, *, fps: float | None, num_frames: int | None
+    ) -> list[int]:
+        """The clip's frames it keeps; ``ValueError`` where it refuses the clip."""
+        ...
+
+    def resize(self, frames: np.ndarray) -> Any:
+        """``(kept, height, width, 3)`` uint8 frames as it hands them to the video processor."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class VideoSampling:
-    """Which frames of a clip the video processor keeps, and how: by ``rule``, ``"checkpoint"`` (the
-    checkpoint's video processor samples; ``fps`` or ``num_frames`` as transformers' processor call
-    arguments) or ``"sglang"`` (SGLang's own frame choice and frame size, ``app/peers/sglang/sampling.py``;
-    ``fps`` or ``num_frames`` as its video settings). ``None``: the server's default rule."""
+    """Which frames of a clip the video processor keeps, and how: the checkpoint's video processor
+    samples (``fps`` or ``num_frames`` as transformers' processor call arguments), unless ``choice`` is
+    set, whose own frame choice and frame size then apply (``fps`` or ``num_frames`` as its settings)."""
 
     fps: float | None = None
     num_frames: int | None = None
-    rule: SamplingRule | None = None
+    choice: FrameChoice | None = None
 
     @property
     def key(self) -> str:
-        """Part of a video item's content hash: other frames, other rows. (The checkpoint's rule adds
-        nothing, so hashes made before there were rules still match.)"""
+        """Part of a video item's content hash: other frames, other rows. (The checkpoint's own sampling
+        adds nothing, so hashes made before there were other choices still match.)"""
         key = f"fps={self.fps};num_frames={self.num_frames}"
-        return key if self.rule in (None, "checkpoint") else f"{key};rule={self.rule}"
+        return key if self.choice is None else f"{key};rule={self.choice.name}"
 
 
 @dataclass(frozen=True, slots=True)

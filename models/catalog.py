@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal, NamedTuple
 
-__all__ = ["CATALOG", "TINY_FAMILIES", "TORCHVISION_MODEL_TYPES", "VLLM_EC_ONLY", "FamilyInfo", "catalog_text"]
+__all__ = ["CATALOG", "TINY_FAMILIES", "TORCHVISION_MODEL_TYPES", "FamilyInfo", "catalog_text"]
 
 
 class FamilyInfo(NamedTuple):
@@ -26,9 +26,6 @@ class FamilyInfo(NamedTuple):
     tiny: str | None = None
     # transformers implements its image processor only with torchvision (models.optional).
     torchvision_only: bool = False
-    # vLLM (0.32-0.34) takes the rows as an ``image_embeds`` content part; False: it answers 400, and the
-    # rows reach it only through its encoder-cache connector (the front door's ``ec`` transport).
-    vllm_embeds: bool = True
 
 
 _QWEN2 = ("image_grid_thw", "`t*h*w / merge_size**2`")
@@ -72,10 +69,9 @@ CATALOG: tuple[FamilyInfo, ...] = (
         "num_crops (when pan-and-scan is on)",
         "`(1 + num_crops) * image_seq_length` (pooled SigLIP views)",
         tiny="llava:gemma3",
-        vllm_embeds=False,
     ),
-    FamilyInfo("idefics3", "idefics3:Idefics3Adapter", "whole", *_CROP_GRID, tiny="llava:idefics3", vllm_embeds=False),
-    FamilyInfo("smolvlm", "idefics3:SmolVLMAdapter", "whole", *_CROP_GRID, tiny="llava:smolvlm", vllm_embeds=False),
+    FamilyInfo("idefics3", "idefics3:Idefics3Adapter", "whole", *_CROP_GRID, tiny="llava:idefics3"),
+    FamilyInfo("smolvlm", "idefics3:SmolVLMAdapter", "whole", *_CROP_GRID, tiny="llava:smolvlm"),
     FamilyInfo(
         "step3p7",
         "step3:Step3Adapter",
@@ -93,7 +89,6 @@ CATALOG: tuple[FamilyInfo, ...] = (
         "image_sizes",
         "`(h // (patch * merge)) * (w // (patch * merge))` of the processed `[h, w]` ([IMG_BREAK]/[IMG_END] are text)",
         tiny="llava:mistral3",
-        vllm_embeds=False,
     ),
     FamilyInfo(
         "llava_next",
@@ -148,9 +143,6 @@ TINY_FAMILIES: tuple[str, ...] = tuple(sorted(info.model_type for info in CATALO
 
 # Families whose image processor transformers implements only with torchvision (models.optional).
 TORCHVISION_MODEL_TYPES: tuple[str, ...] = tuple(info.model_type for info in CATALOG if info.torchvision_only)
-
-# Families whose rows vLLM takes only through its encoder-cache connector (no ``image_embeds`` part).
-VLLM_EC_ONLY: frozenset[str] = frozenset(info.model_type for info in CATALOG if not info.vllm_embeds)
 
 
 def catalog_text() -> str:

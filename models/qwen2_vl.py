@@ -19,7 +19,6 @@ from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTra
 from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
 from transformers.video_utils import VideoMetadata
 
-from mmencode.app.peers.sglang.sampling import SGLANG_FPS, sglang_frame_indices, sglang_resize_frames
 from mmencode.models.base import DecodedVideo, EncoderAdapter, EncoderOutput, PreparedItem, VideoSampling
 from mmencode.models.dynamic_preprocess import DynamicResolutionPreprocessor, TorchvisionDynamicResolutionPreprocessor
 from mmencode.models.errors import MetadataError, UnsupportedModalityError
@@ -93,9 +92,11 @@ class Qwen2VLAdapter(EncoderAdapter):
 
     def video_frames_to_keep(self, total_frames: int, fps: float | None, sampling: VideoSampling) -> list[int]:
         processor = self._require_video_processor()
-        if sampling.rule == "sglang":
+        if sampling.choice is not None:
             clip_fps = fps or _UNKNOWN_FPS
-            return sglang_frame_indices(total_frames, clip_fps, fps=sampling.fps, num_frames=sampling.num_frames)
+            return sampling.choice.frame_indices(
+                total_frames, clip_fps, fps=sampling.fps, num_frames=sampling.num_frames
+            )
         # The processor's own sample_frames, called as its preprocess calls it: every valid argument, the
         # checkpoint's value unless the item asks for another.
         asked = self._sampling_arguments(sampling)
@@ -113,9 +114,9 @@ class Qwen2VLAdapter(EncoderAdapter):
         processor = self._require_video_processor()
         clip = self._clip(video.total_frames, video.fps, video.width, video.height)
         clip.frames_indices = list(video.indices)
-        # SGLang resizes the frames it picked before its processor resizes them again (to the processor's
-        # own pixel limits): two resamplings, both kept, or the pixels would not be SGLang's.
-        frames = sglang_resize_frames(video.frames) if sampling.rule == "sglang" else video.frames
+        # Another choice of frames may resize them before the processor resizes them again (SGLang does, to
+        # its own pixel limits): two resamplings, both kept, or the pixels would not be that peer's.
+        frames = sampling.choice.resize(video.frames) if sampling.choice is not None else video.frames
         # The frames are the ones video_frames_to_keep picked: the processor takes them as it takes its
         # own sample, with the indices in the metadata for the timing.
         out = processor(
@@ -181,10 +182,11 @@ class Qwen2_5_VLAdapter(Qwen2VLAdapter):
 
     def _video_timing(self, clip: VideoMetadata, sampling: VideoSampling) -> dict[str, Any]:
         # Qwen2.5-VL's rotary time index: seconds per temporal patch, as Qwen2_5_VLProcessor computes it
-        # from the rate the frames were sampled at; SGLang's encoder from the rate it was set to sample at
-        # (2 a second unless told), whatever its rounding made of it.
+        # from the rate the frames were sampled at; another frame choice (SGLang's encoder) from the rate
+        # it was set to sample at, whatever its rounding made of it.
         assert self.video_processor is not None
-        rate = (sampling.fps or SGLANG_FPS) if sampling.rule == "sglang" else clip.sampled_fps
+        choice = sampling.choice
+        rate = (sampling.fps or choice.default_fps) if choice is not None else clip.sampled_fps
         return {"second_per_grid_ts": self.video_processor.temporal_patch_size / rate}
 
     @property

@@ -10,7 +10,8 @@ import torch
 from mmencode.app.engine.cache import ResponseMemo
 
 PAYLOAD = b"x" * 100
-HELD = sys.getsizeof(PAYLOAD)  # what the payload holds: its bytes and the object's header
+# What an entry of it holds: its bytes, the object's header, and the entry's own bookkeeping.
+HELD = sys.getsizeof(PAYLOAD) + ResponseMemo.ENTRY_OVERHEAD
 VARIANT = ("base64", "float32", "none")
 
 
@@ -30,15 +31,16 @@ def test_payloads_evict_the_least_recent_within_their_own_budget() -> None:
     assert memo.nbytes == 2 * HELD and len(memo) == 2
     # A tensor payload (a safetensors answer's) counts its storage: 16 float32 values.
     assert memo.keep_payload("b", b, ("safetensors", "float32", "none"), b[:1].clone())
-    assert memo.nbytes == HELD + 64 and memo.payload("a", a, VARIANT) is None  # "a" made room
+    assert memo.nbytes == HELD + 64 + ResponseMemo.ENTRY_OVERHEAD
+    assert memo.payload("a", a, VARIANT) is None  # "a" made room
 
 
 def test_a_tensor_payload_counts_the_whole_storage_it_keeps_alive() -> None:
-    memo = ResponseMemo(max_bytes=10_000)
+    memo = ResponseMemo(max_bytes=100_000)
     rows = _rows(1)
     batch = torch.zeros(100, 16)  # 6,400 bytes; the payload is a view of two of its rows
     assert memo.keep_payload("a", rows, ("safetensors", "float16", "none"), batch[:2])
-    assert memo.nbytes == 6_400
+    assert memo.nbytes == 6_400 + ResponseMemo.ENTRY_OVERHEAD
 
 
 def test_a_payload_over_the_budget_is_not_kept_and_zero_disables_the_memo() -> None:
@@ -62,7 +64,7 @@ def test_payloads_are_served_only_for_their_variant_and_their_rows() -> None:
     replacement = _rows(2)
     assert memo.keep_payload("a", replacement, VARIANT, b'"new"')
     assert memo.payload("a", replacement, VARIANT) == b'"new"' and memo.payload("a", rows, VARIANT) is None
-    assert memo.nbytes == sys.getsizeof(b'"new"')
+    assert memo.nbytes == sys.getsizeof(b'"new"') + ResponseMemo.ENTRY_OVERHEAD
 
 
 def test_a_payload_does_not_keep_its_rows_alive_and_goes_with_them() -> None:

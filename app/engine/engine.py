@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +26,7 @@ from mmencode.app.engine.compute_gate import ComputeGate, GatedThreadPool
 from mmencode.app.engine.errors import ModelNotFound, NotReady
 from mmencode.app.engine.scheduler import PrecomputedMode, Scheduler
 from mmencode.app.engine.threads import SerialTorchThreadPool, in_executor, serial_torch_ops
-from mmencode.app.engine.types import Item, ItemResult, Limits
+from mmencode.app.engine.types import Item, ItemResult, Limits, SamplingRule
 from mmencode.app.engine.worker import EncoderWorker
 from mmencode.app.media.audio import AudioLimits
 from mmencode.app.media.fetch import MediaFetcher
@@ -34,6 +34,7 @@ from mmencode.app.media.loader import MediaLoader
 from mmencode.app.media.video import VideoLimits
 from mmencode.app.metrics import Metrics
 from mmencode.models import CheckpointError, EncoderAdapter, load_encoder
+from mmencode.models.base import FrameChoice
 
 __all__ = [
     "DRAIN_GRACE_S",
@@ -139,7 +140,15 @@ class Engine:
     loaded (the worker, the scheduler, the shared cache tier keyed by the model's fingerprint)."""
 
     @classmethod
-    def from_settings(cls, settings: Settings, metrics: Metrics) -> Engine:
+    def from_settings(
+        cls,
+        settings: Settings,
+        metrics: Metrics,
+        *,
+        frame_choices: Mapping[SamplingRule, FrameChoice] | None = None,
+    ) -> Engine:
+        """The engine of ``settings``. ``frame_choices``: what each video sampling rule but the checkpoint's
+        own hands the adapters (the peers' frame choices; the composition root knows them)."""
         fetcher = MediaFetcher(
             timeout=settings.url_fetch_timeout,
             max_redirects=settings.url_max_redirects,
@@ -147,7 +156,9 @@ class Engine:
             allow_private=settings.allow_private_urls,
             allowed_hosts=settings.allowed_url_hosts,
         )
-        return cls(settings, metrics=metrics, fetcher=fetcher, local_cache=LRUEmbeddingCache(settings.cache_bytes))
+        engine = cls(settings, metrics=metrics, fetcher=fetcher, local_cache=LRUEmbeddingCache(settings.cache_bytes))
+        engine.frame_choices.update(frame_choices or {})
+        return engine
 
     def __init__(
         self, settings: Settings, *, metrics: Metrics, fetcher: MediaFetcher, local_cache: LRUEmbeddingCache
@@ -157,6 +168,7 @@ class Engine:
         self.fetcher = fetcher
         self.local_cache = local_cache
         self.startup_checks: list[StartupCheck] = []
+        self.frame_choices: dict[SamplingRule, FrameChoice] = {}
         self.phase = Phase.STARTING
         self.started_at = int(time.time())
         self.failure: str | None = None
@@ -274,6 +286,7 @@ class Engine:
             limits,
             self.metrics,
             video_sampling=self.settings.video_sampling,
+            frame_choices=self.frame_choices,
         )
         self.phase = Phase.READY
         if self.on_ready is not None:

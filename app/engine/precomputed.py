@@ -29,7 +29,7 @@ def decode_precomputed(embedding: Precomputed, *, index: int, max_bytes: int) ->
     expected_bytes = rows * width * _ITEMSIZE[embedding.dtype]
     if expected_bytes > max_bytes:
         raise PayloadTooLarge(
-            f"precomputed_embedding declares {expected_bytes} bytes, over the limit of {max_bytes}",
+            f"precomputed_embedding declares {expected_bytes} bytes, over the limit of {max_bytes} (--max-body-bytes)",
             location=where,
             details={"limit": "max_body_bytes", "max_bytes": max_bytes, "bytes": expected_bytes},
         )

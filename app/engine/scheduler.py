@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -39,7 +39,7 @@ from mmencode.app.engine.errors import (
     ValidationFailed,
 )
 from mmencode.app.engine.precomputed import decode_precomputed
-from mmencode.app.engine.types import Item, ItemResult, Limits, VideoItem
+from mmencode.app.engine.types import Item, ItemResult, Limits, SamplingRule, VideoItem
 from mmencode.app.engine.worker import EncoderWorker, QueueBytesFull, QueueFull, Reservation, TokenDrift, WorkerStopped
 from mmencode.app.media.audio import audio_support, decode_audio
 from mmencode.app.media.image import decode_image
@@ -48,7 +48,7 @@ from mmencode.app.media.loader import MediaLoader
 from mmencode.app.media.video import decode_frame_list, decode_video, unpack_frames, video_support
 from mmencode.app.metrics import Metrics
 from mmencode.models import EncoderAdapter, MetadataError, PreparedItem
-from mmencode.models.base import Modality, SamplingRule, VideoSampling
+from mmencode.models.base import FrameChoice, Modality, VideoSampling
 from mmencode.models.errors import UnsupportedModalityError
 
 __all__ = ["PrecomputedMode", "Scheduler"]
@@ -104,6 +104,7 @@ class Scheduler:
         limits: Limits,
         metrics: Metrics,
         video_sampling: SamplingRule = "checkpoint",
+        frame_choices: Mapping[SamplingRule, FrameChoice] | None = None,
     ) -> None:
         self.adapter = adapter
         self.worker = worker
@@ -113,6 +114,8 @@ class Scheduler:
         self.limits = limits
         self.metrics = metrics
         self.video_sampling = video_sampling  # the rule of a video item that names none (--video-sampling)
+        # What each rule but the checkpoint's own hands the adapter (SGLang's frame choice, from the peers).
+        self.frame_choices = dict(frame_choices or {})
 
     @property
     def pooled_width(self) -> int:
@@ -133,7 +136,7 @@ class Scheduler:
     async def _encode(self, items: Sequence[Item], mode: PrecomputedMode) -> list[ItemResult]:
         if len(items) > self.limits.max_items:
             raise PayloadTooLarge(
-                f"{len(items)} items, over the limit of {self.limits.max_items} per request",
+                f"{len(items)} items, over the limit of {self.limits.max_items} per request (--max-items-per-request)",
                 location=ItemLocation(None, ()),
                 details={"limit": "max_items_per_request", "max_items": self.limits.max_items, "items": len(items)},
             )
@@ -301,9 +304,9 @@ class Scheduler:
 
     def _sampling(self, item: VideoItem) -> VideoSampling:
         """The item's sampling, under the server's rule where it names none."""
-        if item.sampling.rule is not None:
-            return item.sampling
-        return replace(item.sampling, rule=self.video_sampling)
+        rule = item.rule or self.video_sampling
+        choice = None if rule == "checkpoint" else self.frame_choices[rule]
+        return VideoSampling(fps=item.fps, num_frames=item.num_frames, choice=choice)
 
     async def _media_bytes(self, index: int, item: Item) -> bytes | None:
         """The file bytes of an item's image, video or audio; ``None`` for an item that only names a hash."""

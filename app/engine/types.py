@@ -16,7 +16,7 @@ import torch
 
 from mmencode.app.media.audio import AudioLimits
 from mmencode.app.media.video import VideoLimits
-from mmencode.models.base import Modality, VideoSampling
+from mmencode.models.base import Modality
 
 __all__ = [
     "AudioItem",
@@ -26,6 +26,7 @@ __all__ = [
     "Limits",
     "Modality",
     "Precomputed",
+    "SamplingRule",
     "Source",
     "VideoItem",
     "item_of_kind",
@@ -33,6 +34,10 @@ __all__ = [
 
 # A file as the client sent it: ``str`` is a data URI, bare base64 or an http(s) URL; ``bytes`` an upload.
 Source = str | bytes
+# Whose frame choice a video item follows: the checkpoint's video processor's, or SGLang's own (for a
+# server behind SGLang's encoder protocol, which decodes clips itself). ``--video-sampling`` sets the
+# default; the engine is given the choice each rule names (app/server.py).
+SamplingRule = Literal["checkpoint", "sglang"]
 PrecomputedDtype = Literal["float32", "float16", "bfloat16"]
 
 
@@ -74,7 +79,10 @@ class VideoItem(_Item):
     kind: ClassVar[Modality] = "video"
     # An mp4, webm or mkv file (as ``ImageItem.file``), or a list of frames already sampled (each an image).
     file: Source | list[str] | None = None
-    sampling: VideoSampling = field(default_factory=VideoSampling)  # the server's rule unless set
+    # The frames asked for (a file's): a rate or a count, under a rule (None: the server's).
+    fps: float | None = None
+    num_frames: int | None = None
+    rule: SamplingRule | None = None
     frames_fps: float | None = None  # a frame list's: the rate its frames were sampled at
 
     @property

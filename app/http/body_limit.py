@@ -22,7 +22,7 @@ class BodyLimitMiddleware:
     def _too_large(self, size: int | None) -> PayloadTooLarge:
         said = f"{size} bytes" if size is not None else "more"
         return PayloadTooLarge(
-            f"request body is {said}, over the limit of {self.max_bytes} bytes",
+            f"request body is {said}, over the limit of {self.max_bytes} bytes (--max-body-bytes)",
             details={"limit": "max_body_bytes", "max_bytes": self.max_bytes},
         )
 

@@ -246,7 +246,7 @@ class MediaFetcher:
     @staticmethod
     def _too_large(url: str, declared: str, want: _Want) -> PayloadTooLarge:
         return PayloadTooLarge(
-            f"{url} is {declared} bytes (Content-Length), over the limit of {want.max_bytes}",
+            f"{url} is {declared} bytes (Content-Length), over the limit of {want.max_bytes} ({want.kind.flag})",
             details={"limit": want.kind.limit, "max_bytes": want.max_bytes, "url": url},
         )
 
@@ -289,7 +289,7 @@ class MediaFetcher:
     def _append(body: bytearray, chunk: bytes, url: str, want: _Want) -> None:
         if len(body) + len(chunk) > want.max_bytes:
             raise PayloadTooLarge(
-                f"{url} is more than {want.max_bytes} bytes, over the limit",
+                f"{url} is more than {want.max_bytes} bytes, over the limit ({want.kind.flag})",
                 details={"limit": want.kind.limit, "max_bytes": want.max_bytes, "url": url},
             )
         body += chunk

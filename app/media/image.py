@@ -111,7 +111,8 @@ def decode_base64_file(source: str, *, max_bytes: int, kind: MediaKind) -> bytes
         raw = _without_whitespace(raw)
         if _decoded_size(raw) > max_bytes + 3:
             raise PayloadTooLarge(
-                f"{kind.name} is over {max_bytes} bytes", details={"limit": kind.limit, "max_bytes": max_bytes}
+                f"{kind.name} is over {max_bytes} bytes, the limit ({kind.flag})",
+                details={"limit": kind.limit, "max_bytes": max_bytes},
             )
     try:
         # One strict SIMD pass over the usual base64 without line breaks (a whitespace-stripping regex
@@ -128,7 +129,7 @@ def decode_base64_file(source: str, *, max_bytes: int, kind: MediaKind) -> bytes
             raise kind.error(f"not valid base64 ({again})") from None
     if len(data) > max_bytes:
         raise PayloadTooLarge(
-            f"{kind.name} is {len(data)} bytes, over the limit of {max_bytes}",
+            f"{kind.name} is {len(data)} bytes, over the limit of {max_bytes} ({kind.flag})",
             details={"limit": kind.limit, "max_bytes": max_bytes, "bytes": len(data)},
         )
     return data

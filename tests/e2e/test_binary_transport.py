@@ -19,6 +19,7 @@ import safetensors
 import safetensors.torch
 import torch
 
+from mmencode.app.engine.cache import LRUEmbeddingCache, ResponseMemo
 from mmencode.app.wire.encodings import embedding_payload
 from mmencode.schemas.encode import EncodeResponse
 from tests.helpers import LiveServer, assert_error, data_uri, image_bytes, noise_image, rows_of
@@ -224,7 +225,8 @@ def test_the_first_answer_of_a_miss_keeps_its_payload_for_repeats(qwen_server: L
     assert hit.json()["items"][0]["embedding"] == embedding
     rows, width = embedding["shape"]
     # The cache holds the float32 rows; the memo the JSON text of `data` written for the first answer.
-    assert after_miss[0] - before[0] == rows * width * 4
-    assert after_miss[1] - before[1] == sys.getsizeof(orjson.dumps(embedding["data"]))  # text and bytes header
+    assert after_miss[0] - before[0] == rows * width * 4 + LRUEmbeddingCache.ENTRY_OVERHEAD
+    # The text with its bytes object's header, and the entry's bookkeeping.
+    assert after_miss[1] - before[1] == sys.getsizeof(orjson.dumps(embedding["data"])) + ResponseMemo.ENTRY_OVERHEAD
     # The hit is answered from both and adds nothing.
     assert after_hit == after_miss

@@ -10,6 +10,7 @@ usage: .venv-vllm/bin/python tests/vllm_server/shims.py
 from __future__ import annotations
 
 import importlib.metadata
+import re
 import site
 import sys
 from pathlib import Path
@@ -41,7 +42,8 @@ def skip_torchvision_fake_nms(site_packages: Path) -> None:
     for op in ("nms", "qnms"):
         decorator = f'@torch.library.register_fake("torchvision::{op}")'
         shim = f"@(lambda fn: fn)  # mmencode test-oracle shim (tests/vllm_server/shims.py): was {decorator}"
-        text = text.replace(decorator + "\n", shim + "\n")
+        # Anchored to whole lines, so a second run leaves the shimmed line alone (idempotent).
+        text = re.sub(rf"^{re.escape(decorator)}$", lambda _, shim=shim: shim, text, flags=re.MULTILINE)
     path.write_text(text)
 
 

@@ -32,10 +32,10 @@ from mmencode.app.engine.types import ImageItem, ItemResult
 from mmencode.app.http.errors import error_object
 from mmencode.app.metrics import Metrics
 from mmencode.app.peers.vllm.ec_writer import EncoderCacheWriter
+from mmencode.app.peers.vllm.families import EMBEDS_REFUSED
 from mmencode.app.peers.vllm.parts import ec_part, embeds_part
 from mmencode.app.wire.encodings import TORCH_DTYPES
 from mmencode.models import CheckpointError
-from mmencode.models.catalog import VLLM_EC_ONLY
 
 __all__ = ["ChatService", "ChatStream"]
 
@@ -132,7 +132,7 @@ class ChatService:
 
     def check_transport(self, info: EngineInfo) -> None:
         """vLLM refuses ``image_embeds`` parts for some families: those need the connector files."""
-        if self._transport == "embeds" and info.family in VLLM_EC_ONLY:
+        if self._transport == "embeds" and info.family in EMBEDS_REFUSED:
             raise CheckpointError(
                 f"vLLM takes no image_embeds part for {info.family} models, so the front door cannot forward "
                 "their rows inside the request: start with --upstream-transport ec and --ec-shared-storage DIR "

@@ -24,7 +24,6 @@ from mmencode.app.engine.errors import PayloadTooLarge, ServiceError
 from mmencode.app.engine.types import AudioItem, ImageItem, Item, Precomputed, VideoItem
 from mmencode.app.http.validation import validation_error
 from mmencode.app.suggest import did_you_mean
-from mmencode.models.base import VideoSampling
 from mmencode.schemas.encode import EncodeItem, EncodeOptions, EncodeRequest, PrecomputedEmbedding
 
 __all__ = ["MULTIPART_FIELDS", "parse_json", "read_multipart"]
@@ -66,16 +65,10 @@ def _item(item: EncodeItem) -> Item:
     kind = "video" if item.video is not None else "audio" if item.audio is not None else None
     kind = kind or ("image" if item.image is not None else item.modality or "image")
     if kind == "video":
-        frames = isinstance(item.video, list)
-        return VideoItem(
-            file=item.video,
+        if isinstance(item.video, list):
             # A frame list is taken whole; its fps is the rate the frames were sampled at.
-            sampling=VideoSampling()
-            if frames
-            else VideoSampling(fps=item.fps, num_frames=item.num_frames, rule=item.sampling),
-            frames_fps=item.fps if frames else None,
-            **common,
-        )
+            return VideoItem(file=item.video, frames_fps=item.fps, **common)
+        return VideoItem(file=item.video, fps=item.fps, num_frames=item.num_frames, rule=item.sampling, **common)
     if kind == "audio":
         return AudioItem(file=item.audio, **common)
     return ImageItem(file=item.image, **common)
@@ -100,7 +93,8 @@ async def read_multipart(request: Request, max_items: int, max_body: int) -> tup
             raise
         if str(exc.detail).startswith("Too many files"):
             raise PayloadTooLarge(
-                f"more than {max_files} file parts, over the limit of {max_items} items per request",
+                f"more than {max_files} file parts, over the limit of {max_items} items per request "
+                "(--max-items-per-request)",
                 param="image",
                 details={"limit": "max_items_per_request", "max_items": max_items},
             ) from None
@@ -129,7 +123,7 @@ async def _image_parts(form: FormData, max_items: int) -> tuple[EncodeOptions, l
         raise validation_error(problems)
     if len(uploads) > max_items:
         raise PayloadTooLarge(
-            f"more than {max_items} `image` files, over the limit per request",
+            f"more than {max_items} `image` files, over the limit per request (--max-items-per-request)",
             param="image",
             details={"limit": "max_items_per_request", "max_items": max_items},
         )

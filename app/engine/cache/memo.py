@@ -52,6 +52,10 @@ class _Kept:
 class ResponseMemo:
     """Least-recently-used payloads by (content hash, variant), at most ``max_bytes``. Thread-safe."""
 
+    # What an entry holds beside its payload: the key, the weak reference and its callback, the LRU's
+    # links (measured with tracemalloc: 660 bytes; tests/unit/engine/test_memory_accounting.py).
+    ENTRY_OVERHEAD = 640
+
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self._kept: OrderedDict[tuple[str, Hashable], _Kept] = OrderedDict()
@@ -73,7 +77,7 @@ class ResponseMemo:
 
     def keep_payload(self, content_hash: str, rows: torch.Tensor, variant: Hashable, payload: Payload) -> bool:
         """Keep ``payload`` as written from ``rows``; an older payload of other rows is replaced."""
-        size = payload_nbytes(payload)
+        size = payload_nbytes(payload) + self.ENTRY_OVERHEAD
         if size > self.max_bytes:
             return False
         key = (content_hash, variant)

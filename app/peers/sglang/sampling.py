@@ -15,6 +15,10 @@ video processor, called with ``do_sample_frames=False``:
 The same rules here, on the frames PyAV decodes; ``tests/e2e/test_sglang_video_sampling.py`` checks them
 against SGLang's own function. The constants are SGLang's defaults (its ``--mm-process-config`` video
 settings other than ``fps`` and ``nframes`` are not read here).
+
+:data:`SGLANG_FRAMES` hands these rules to the Qwen adapters as a ``models.base.FrameChoice``: the
+models name no peer; the composition root (app/server.py) gives the engine this choice for the
+``sglang`` sampling rule.
 """
 
 from __future__ import annotations
@@ -24,7 +28,14 @@ import math
 import numpy as np
 import torch
 
-__all__ = ["SGLANG_FPS", "sglang_frame_indices", "sglang_frame_size", "sglang_resize_frames"]
+__all__ = [
+    "SGLANG_FPS",
+    "SGLANG_FRAMES",
+    "SGLangFrames",
+    "sglang_frame_indices",
+    "sglang_frame_size",
+    "sglang_resize_frames",
+]
 
 SGLANG_FPS = 2.0  # frames a second where none is asked for; also what SGLang's Qwen2.5-VL timing assumes
 _FRAME_FACTOR = 2
@@ -84,3 +95,21 @@ def sglang_resize_frames(frames: np.ndarray) -> torch.Tensor:
     video = torch.from_numpy(frames).permute(0, 3, 1, 2)  # a channels-last view, as SGLang's decoder gives
     size = sglang_frame_size(video.shape[0], video.shape[2], video.shape[3])
     return resize(video, list(size), interpolation=InterpolationMode.BILINEAR)
+
+
+class SGLangFrames:
+    """SGLang's frame choice and frame size, as a ``models.base.FrameChoice``."""
+
+    name = "sglang"
+    default_fps = SGLANG_FPS
+
+    def frame_indices(
+        self, total_frames: int, clip_fps: float, *, fps: float | None, num_frames: int | None
+    ) -> list[int]:
+        return sglang_frame_indices(total_frames, clip_fps, fps=fps, num_frames=num_frames)
+
+    def resize(self, frames: np.ndarray) -> torch.Tensor:
+        return sglang_resize_frames(frames)
+
+
+SGLANG_FRAMES = SGLangFrames()
