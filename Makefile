@@ -10,7 +10,7 @@ TORCH_VERSION ?= 2.14.1
 TORCHVISION_VERSION ?= 0.29.1
 TORCH_INDEX ?=
 
-.PHONY: serve test lint peers vllm-env test-fast gpu-wheels environments system-deps
+.PHONY: serve test test-fast test-in-process test-servers lint peers vllm-env sglang-env gpu-wheels environments system-deps
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -69,26 +69,53 @@ $(VLLM_VENV)/.installed: tests/vllm_server/requirements.txt tests/vllm_server/sh
 
 vllm-env: $(VLLM_VENV)/.installed
 
-# The environments and the distribution's packages do not depend on one another: built side by side they
-# take about the time of the largest (pip unpacking torch) instead of the sum.
+# SGLang itself, served on loopback by tests/sglang_server: SGLang 0.5.23 on the local CPU torch, every package
+# pinned and installed with --no-deps, then the shims SGLang needs on a CPU (tests/sglang_server/shims.py says
+# why each). About 2.5 GB and a minute or two from local wheels. Rebuilt only when the list or the shims change.
+SGLANG_VENV ?= .venv-sglang
+
+$(SGLANG_VENV)/.installed: tests/sglang_server/requirements.txt tests/sglang_server/shims.py
+	rm -rf $(SGLANG_VENV)
+	$(PYTHON) -m venv $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/pip install --quiet --upgrade pip
+	$(SGLANG_VENV)/bin/pip install --quiet --no-deps "torch==2.13.0"
+	$(SGLANG_VENV)/bin/pip install --quiet --no-deps -r tests/sglang_server/requirements.txt
+	$(SGLANG_VENV)/bin/python tests/sglang_server/shims.py
+	touch $@
+
+sglang-env: $(SGLANG_VENV)/.installed
+
+# The peer and server environments and the distribution's packages do not depend on one another: built side
+# by side they take about the time of the largest (pip unpacking torch) instead of the sum.
 system-deps:
 	@bash .ci/system-deps  # redis-server, haproxy, kubectl: real servers the e2e tests start
 
 environments:
 	@$(MAKE) --no-print-directory --jobs=4 --output-sync=target \
-		$(VENV)/.installed $(PEERS_VENV)/.installed $(VLLM_VENV)/.installed system-deps
+		$(PEERS_VENV)/.installed $(VLLM_VENV)/.installed $(SGLANG_VENV)/.installed system-deps
 
-# Two pytest workers (pytest-xdist), each taking whole files (--dist loadfile), so a file's module fixtures,
-# its vLLM servers among them, start once and its tests keep their order. Much of the suite waits on
-# servers and subprocesses starting, so two workers on two cores take ~17 min instead of ~25 here.
+# The suite by shape (tests/README.md). Two pytest workers (pytest-xdist), each taking whole files (--dist
+# loadfile), so a file's module fixtures (its real servers) start once and its tests keep their order.
 PYTEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile
 
-test: environments lint
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile  # every marker: what CI runs
+# Everything, failing fast (.ci/test): lint and the in-process suites first, while the peer and server
+# environments build beside them, then the suites that start servers and peers. What CI runs.
+test: $(VENV)/.installed
+	@bash .ci/test
 
-# The part a developer runs while editing (under a minute): no real servers, peers, vLLM or slow tests.
+# In process, no servers, no peer environments: unit/ and contract/.
+test-in-process: $(VENV)/.installed
+	$(PYTEST) tests/unit tests/contract
+
+# Real servers and peers: e2e/ (processes, redis, haproxy), peers/ (their decoders), vllm_server/ and
+# sglang_server/ (real LLM servers).
+test-servers: $(VENV)/.installed environments
+	$(PYTEST) tests/e2e tests/peers tests/vllm_server tests/sglang_server
+
+# While editing: the in-process suites without the cases that call themselves slow (about a minute here).
 test-fast: $(VENV)/.installed
-	$(BIN)/python -m pytest -m "not e2e and not peers and not slow and not vllm"
+	$(BIN)/python -m pytest -m "not slow" tests/unit tests/contract
 
 # Wheels for a GPU machine that downloads nothing (bench/README.md, "GPU run"): CPython 3.12, manylinux
 # x86_64, no dependencies resolved here (bench/gpu-wheels.txt lists exactly what that image lacks).

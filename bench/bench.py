@@ -31,6 +31,7 @@ import orjson
 import torch
 
 from bench.checkpoints import build_checkpoint
+from bench.client import data_uri
 from bench.common import (
     bucket_distribution,
     drive,
@@ -48,7 +49,6 @@ from mmencode.app.media.image import decode_image
 from mmencode.app.process.malloc import keep_large_blocks_in_heap
 from mmencode.models import EncoderAdapter, load_encoder
 from mmencode.models.processor_backend import BackendChoice
-from tests.support import data_uri
 
 _SERVICE_OPTIONS = ("--cache-bytes", "0", "--max-queue", "100000", "--request-timeout", "600", "--log-level", "warning")
 

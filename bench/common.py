@@ -1,5 +1,5 @@
 """Shared pieces of the bench scripts: images, a service subprocess, a bounded async load generator
-(ports, data URIs, readiness and rows come from tests/support.py, which the tests share)."""
+(ports, data URIs, readiness and rows come from bench/client.py, which the tests share)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import numpy as np
 import orjson
 from PIL import Image
 
-from tests.support import free_port, wait_ready
+from bench.client import free_port, wait_ready
 
 
 def jpeg_images(count: int, width: int, height: int, seed: int = 0) -> list[bytes]:

@@ -29,8 +29,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from bench.client import data_uri, free_port, wait_ready
 from bench.common import LoadResult, drive, jpeg_images, service
-from tests.support import data_uri, free_port, wait_ready
 
 HERE = Path(__file__).resolve().parent / "infinity"
 NAME = "infinity-clip"

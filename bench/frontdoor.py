@@ -35,9 +35,9 @@ import httpx
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.client import data_uri
 from bench.common import jpeg_images, percentile, service
 from mmencode.models.tiny import build_tiny
-from tests.support import data_uri
 from tests.vllm_server.server import SERVED_NAME, vllm_server
 
 

@@ -46,6 +46,7 @@ import orjson
 import torch
 from PIL import Image
 
+from bench.client import data_uri, decode_rows
 from bench.common import drive, jpeg_images, service
 from bench.server_times import ServerTimes
 from bench.towers import TOWERS, build_tower
@@ -56,7 +57,6 @@ from mmencode.app.wire.encodings import embedding_payload
 from mmencode.app.wire.json import dumps_json
 from mmencode.models import load_encoder
 from mmencode.models.base import EncoderAdapter, PreparedItem
-from tests.support import data_uri, decode_rows
 
 _MAX_PIXELS = 10**9
 # Bounds of a run: one GPU and 16 cores (about 1.5 minutes a tower), or --tiny on a CPU (about 20 s a tower).

@@ -89,7 +89,7 @@ class Traffic:
         return uri
 
     def fresh_video(self) -> str:
-        from tests.videos import clip, video_data_uri  # PyAV: only for this kind
+        from bench.media import clip, video_data_uri  # PyAV: only for this kind
 
         seed = int(self.pixels.integers(1 << 30))
         return video_data_uri(clip(8, 64, 48, fps=4, seed=seed))

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.bench import warm_service
+from bench.client import data_uri
 from bench.common import LoadResult, drive, jpeg_images
 from bench.compare_infinity import clip_checkpoint
-from tests.support import data_uri
 
 __all__ = ["SwitchOut", "off_cpu_by_reason", "parse_perf_script", "reason_of", "thread_role"]
 

@@ -31,9 +31,9 @@ from typing import Any
 import httpx
 
 from bench.checkpoints import build_checkpoint
+from bench.client import data_uri
 from bench.common import drive, jpeg_images, service
 from bench.server_times import ServerTimes
-from tests.support import data_uri
 
 DEFAULT_PNG = Path(__file__).with_name("scaling.png")
 _FULL: dict[str, Any] = {"concurrency": "1,2,4,8,16,32,64", "requests": 24, "sizes": "56,112,168,224,280,336,448"}

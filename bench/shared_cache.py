@@ -21,10 +21,10 @@ import redis
 import torch
 
 from bench.checkpoints import build_checkpoint
+from bench.client import data_uri
 from bench.common import jpeg_images, percentile, redis_server, service
 from mmencode.app.engine.cache import CachedEmbedding
 from mmencode.app.engine.cache.shared import encode_value
-from tests.support import data_uri
 
 
 def _post(client: httpx.Client, item: dict[str, str]) -> tuple[float, dict[str, Any]]:

@@ -26,8 +26,8 @@ import httpx
 import numpy as np
 
 from bench.checkpoints import build_checkpoint
+from bench.client import data_uri, decode_rows
 from bench.common import jpeg_images, service_process
-from tests.support import data_uri, decode_rows
 
 BAD_BODIES: list[tuple[str, Any]] = [
     ("invalid_image", {"items": [{"image": base64.b64encode(b"<html>no</html>").decode()}]}),

@@ -23,9 +23,9 @@ import httpx
 
 from bench.bench import warm_service
 from bench.checkpoints import build_checkpoint
+from bench.client import data_uri
 from bench.common import drive, encoded_images
 from bench.server_times import ServerTimes
-from tests.support import data_uri
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 

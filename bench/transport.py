@@ -46,9 +46,9 @@ import torch
 from transformers import Qwen2VLVisionConfig
 
 from bench.checkpoints import qwen2_vl_tower
+from bench.client import data_uri, free_port, wait_ready
 from bench.common import jpeg_images, percentile
 from mmencode.app.api.encode.response import render_encode_response
-from tests.support import data_uri, free_port, wait_ready
 
 FORMATS = [
     ("base64 JSON float32", "base64", "float32"),

@@ -1,5 +1,5 @@
 """Session fixtures: tiny checkpoints built once by the project's own builder, live servers and an ASGI
-client; and the markers that follow from a test's place and fixtures."""
+client; and the markers that follow from a test's folder."""
 
 from __future__ import annotations
 
@@ -20,30 +20,25 @@ from tests.helpers import LiveServer, asgi_client, live_server
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-# Markers (registered in pyproject.toml) that follow from where a test is and what it uses, so no file
-# has to say them: ``make test-fast`` deselects all four, ``make test`` runs everything.
-E2E_DIR = Path(__file__).parent / "e2e"
+# The suite by shape, one folder each (tests/README.md): unit/ and contract/ run in process, without servers
+# or peer environments (`make test-fast`); the others carry the marker of their folder, so no file has to
+# say it and no list is kept by hand. A test that is slow for a unit test says so itself (`slow`).
+TESTS = Path(__file__).parent
+FOLDER_MARKERS = {"e2e": "e2e", "peers": "peers", "vllm_server": "vllm", "sglang_server": "sglang"}
+IN_PROCESS = {"unit", "contract"}
 SERVER_FIXTURES = {"qwen_server", "internvl_server"}  # session fixtures below: real uvicorn servers
-PEERS_MODULE = "tests.peers.run"
-# End-to-end files whose tests start processes (mmencode serve, redis, haproxy, the peers' decoders) and
-# take more than ~2 s each here: all slow, so `-m "e2e and not slow"` is a quick end-to-end pass.
-SLOW_E2E_FILES = {
-    "test_audio_peers.py", "test_bad_model.py", "test_bench_gpu.py", "test_cli.py", "test_cli_settings.py",
-    "test_haproxy_local.py", "test_load_balancer.py", "test_make_tiny.py", "test_quiet_probes.py", "test_sglang.py",
-    "test_sglang_video_sampling.py", "test_shared_cache.py", "test_soak_short.py", "test_tls.py", "test_vllm.py",
-}  # fmt: skip
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if E2E_DIR in item.path.parents or _starts_a_server(item):
-            item.add_marker(pytest.mark.e2e)
-        if _uses_peers(item):
-            item.add_marker(pytest.mark.peers)
-        if item.get_closest_marker("vllm") is not None or (
-            item.path.parent == E2E_DIR and item.path.name in SLOW_E2E_FILES
-        ):
-            item.add_marker(pytest.mark.slow)
+        folder = item.path.relative_to(TESTS).parts[0]
+        marker = FOLDER_MARKERS.get(folder)
+        if marker is not None:
+            item.add_marker(getattr(pytest.mark, marker))
+        elif folder in IN_PROCESS and _starts_a_server(item):
+            raise pytest.UsageError(
+                f"{item.nodeid} starts a live server: it belongs in tests/e2e (unit/ and contract/ run in process)"
+            )
 
 
 def _starts_a_server(item: pytest.Item) -> bool:
@@ -51,14 +46,6 @@ def _starts_a_server(item: pytest.Item) -> bool:
         return True
     function = getattr(item, "function", None)
     return function is not None and "live_server" in function.__code__.co_names
-
-
-def _uses_peers(item: pytest.Item) -> bool:
-    """The test's module imports from tests/peers/run.py: it runs code in the peers venv."""
-    module = getattr(item, "module", None)
-    return module is not None and any(
-        getattr(value, "__module__", None) == PEERS_MODULE for value in vars(module).values()
-    )
 
 
 @pytest.fixture(scope="session")

@@ -83,3 +83,21 @@ def test_weights_that_do_not_fit_exit_non_zero_once_loading_finds_out(tmp_path: 
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("mmencode: error: the model failed to load:") and "expects" in last, result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("family", ["step3p7", "kimi_k25"])
+def test_without_torchvision_serve_exits_with_one_clear_line(family: str, tiny_checkpoint: Callable[..., Path]) -> None:
+    checkpoint = tiny_checkpoint(family)
+    program = (
+        "import sys; sys.modules['torchvision'] = None\n"
+        "from app.cli import main\n"
+        f"raise SystemExit(main(['serve', '--model', {str(checkpoint)!r}, '--port', '0']))"
+    )
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"mmencode: error: model_type '{family}' needs torchvision (transformers implements "
+        "its image processor only with torchvision), which is not importable here (ModuleNotFoundError: "
+        "import of torchvision halted; None in sys.modules); install the matching pair, e.g. "
+        "`pip install torch==2.14.1 torchvision==0.29.1`"
+    ]

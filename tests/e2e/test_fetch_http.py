@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from tests.helpers import LiveServer, assert_error, data_uri, live_server, noise_image, rows_of
-from tests.test_fetch import PNG, ImageServer, image_server
+from tests.unit.media.test_fetch import PNG, ImageServer, image_server
 
 FETCH_TIMEOUT = 1.0
 MAX_IMAGE_BYTES = 256 * 1024

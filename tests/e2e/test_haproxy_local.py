@@ -14,8 +14,7 @@ import pytest
 import yaml
 
 from mmencode.schemas.errors import ErrorResponse
-from tests.helpers import data_uri, free_port, noise_image
-from tests.services import Replica, haproxy_serving
+from tests.helpers import Replica, data_uri, free_port, haproxy_serving, noise_image
 
 ROOT = Path(__file__).resolve().parents[2]
 HAPROXY = ROOT / "deploy" / "haproxy"

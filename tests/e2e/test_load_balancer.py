@@ -13,8 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers import data_uri, free_port, noise_image
-from tests.services import RedisServer, Replica, haproxy_serving, require_binary
+from tests.helpers import RedisServer, Replica, data_uri, free_port, haproxy_serving, noise_image, require_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY = ROOT / "deploy" / "haproxy" / "haproxy.cfg"

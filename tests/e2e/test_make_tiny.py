@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.services import IMAGE_UID, python_as
+from tests.helpers import IMAGE_UID, python_as
 
 # The user the Dockerfile creates and runs the service as.
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,13 +10,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 import redis
 
 from bench import memory
-from tests.services import RedisServer, require_binary
-
-pytestmark = pytest.mark.slow
+from tests.helpers import RedisServer, require_binary
 
 BUDGET = 8 << 20  # each of the cache and the response memo
 # What RSS may add beyond the budgets once warm: glibc's heaps keep what churn between entries of random

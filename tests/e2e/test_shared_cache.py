@@ -18,8 +18,16 @@ import torch
 from mmencode.app.engine.cache import CachedEmbedding, SharedCache
 from mmencode.app.engine.cache.shared import decode_value
 from mmencode.app.metrics import Metrics
-from tests.helpers import LiveServer, assert_error, data_uri, live_server, noise_image, rows_of
-from tests.services import RedisServer, require_binary
+from tests.helpers import (
+    LiveServer,
+    RedisServer,
+    assert_error,
+    data_uri,
+    live_server,
+    noise_image,
+    require_binary,
+    rows_of,
+)
 
 
 @pytest.fixture
