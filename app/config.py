@@ -210,8 +210,21 @@ class Settings(BaseSettings):
         "CPU, bfloat16 on CUDA). Set the consumer's model dtype: vLLM reads any dtype and converts the rows "
         "to its own without a word, so a narrower file silently gives it rounded rows.",
     )
-    sglang_dtype: Literal["bfloat16", "float16", "float32"] = Field(
-        default="bfloat16", description="Dtype of the embeddings pushed to SGLang; match the language model's dtype."
+    sglang_dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        default="auto",
+        description="Dtype of the embeddings pushed to SGLang; auto: the encoder's compute dtype (float32 on CPU, "
+        "bfloat16 on CUDA), what SGLang's own encoder pushes. SGLang casts the rows to its model's dtype.",
+    )
+    sglang_register_url: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="SGLang language servers to register with as an encoder once the model is ready, by their "
+        "encoder bootstrap URL (http://HOST:8997, SGLang's --encoder-bootstrap-port), comma-separated; "
+        "unregistered when this server drains.",
+    )
+    sglang_advertise_url: str | None = Field(
+        default=None,
+        description="The URL SGLang language servers reach this server at, as --sglang-register-url announces it; "
+        "unset: http(s)://HOST:PORT, which needs a --host they can reach (not 0.0.0.0 or ::).",
     )
     sglang_push_timeout: float = Field(
         default=30.0,
@@ -270,7 +283,7 @@ class Settings(BaseSettings):
         "it would leave the service without the keys or TLS it names.",
     )
 
-    @field_validator("allowed_url_hosts", "api_key", "upstream", mode="before")
+    @field_validator("allowed_url_hosts", "api_key", "upstream", "sglang_register_url", mode="before")
     @classmethod
     def _comma_separated(cls, value: Any) -> Any:
         """``a,b`` from a flag or the environment; a JSON list is accepted too."""
@@ -280,6 +293,14 @@ class Settings(BaseSettings):
                 return json.loads(text)
             return [part.strip() for part in text.split(",") if part.strip()]
         return value
+
+    def advertised_url(self) -> str:
+        """This server's URL as an SGLang language server reaches it (--sglang-advertise-url, or HOST:PORT)."""
+        if self.sglang_advertise_url is not None:
+            return self.sglang_advertise_url.rstrip("/")
+        scheme = "https" if self.ssl_certfile is not None else "http"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{scheme}://{host}:{self.port}"
 
     def api_keys(self) -> list[str]:
         """Every accepted key: --api-key's, then --api-key-file's."""
@@ -321,6 +342,11 @@ class Settings(BaseSettings):
             path = getattr(self, name)
             if path is not None and not path.is_file():
                 raise ValueError(f"{name} {path} is not a readable file")
+        if self.sglang_register_url and self.sglang_advertise_url is None and self.host in {"0.0.0.0", "::", ""}:
+            raise ValueError(
+                "sglang_register_url needs the URL the language servers reach this server at: set "
+                "sglang_advertise_url (listening on every address says nothing of which one they reach)"
+            )
         if self.upstream_transport == "ec" and self.ec_shared_storage is None:
             raise ValueError(
                 "upstream_transport ec needs ec_shared_storage: the directory the upstreams' ECExampleConnector reads"

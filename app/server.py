@@ -39,6 +39,7 @@ from mmencode.app.http.middleware import RequestContextMiddleware
 from mmencode.app.http.openapi import install_openapi
 from mmencode.app.metrics import Metrics
 from mmencode.app.peers.sglang.bridge import SGLangEncoderBridge
+from mmencode.app.peers.sglang.registration import EncoderRegistration
 from mmencode.app.peers.sglang.sampling import SGLANG_FRAMES
 from mmencode.app.peers.vllm.ec_writer import EncoderCacheWriter
 
@@ -58,10 +59,19 @@ def create_app(settings: Settings) -> FastAPI:
         engine.encode,
         engine.media,
         dtype=settings.sglang_dtype,
+        compute_dtype=lambda: engine.info.dtype,
         push_timeout_s=settings.sglang_push_timeout,
         metrics=metrics,
     )
     front_door = FrontDoor.build(settings, metrics) if settings.upstream else None
+    # Announced to SGLang language servers once the model is ready; withdrawn when the engine drains.
+    registration = (
+        EncoderRegistration(settings.sglang_register_url, settings.advertised_url())
+        if settings.sglang_register_url
+        else None
+    )
+    if registration is not None:
+        engine.drain_hooks.append(registration.withdraw)
 
     # One service per API; routes parse, call one of them, render.
     memo = ResponseMemo(settings.response_memo_bytes)
@@ -76,10 +86,15 @@ def create_app(settings: Settings) -> FastAPI:
         else None
     )
 
+    async def start() -> None:
+        await engine.start()
+        if registration is not None and engine.ready:
+            registration.start()
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # Load in the background: /health answers while the model loads, /ready waits for it.
-        loading = asyncio.create_task(engine.start(), name="mmencode-load")
+        loading = asyncio.create_task(start(), name="mmencode-load")
         if front_door is not None:
             front_door.pool.start()
         try:
@@ -90,6 +105,8 @@ def create_app(settings: Settings) -> FastAPI:
                 with contextlib.suppress(asyncio.CancelledError):
                     await loading
             await engine.stop()
+            if registration is not None:
+                await registration.aclose()
             if front_door is not None:
                 await front_door.aclose()
             await sglang_bridge.aclose()

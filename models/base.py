@@ -210,6 +210,12 @@ class EncoderAdapter(abc.ABC):
     def takes_video(self) -> bool:
         return self.video_processor is not None
 
+    @property
+    def default_video_fps(self) -> float | None:
+        """The rate a clip is sampled at when its item asks for none, where the checkpoint's video processor
+        would not sample by itself; ``None``: the processor's own rule decides."""
+        return None
+
     def video_frames_to_keep(self, total_frames: int, fps: float | None, sampling: VideoSampling) -> list[int]:
         """Which frames of a clip of ``total_frames`` the checkpoint's video processor keeps, asked
         ``sampling``: decided before decoding, so only those are converted and held."""

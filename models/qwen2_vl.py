@@ -86,6 +86,18 @@ class Qwen2VLAdapter(EncoderAdapter):
     video_processor_class: ClassVar[str | None] = "Qwen2VLVideoProcessor"
     required_video_metadata: ClassVar[tuple[str, ...]] = ("video_grid_thw",)
 
+    # Qwen's own clip loader (qwen-vl-utils, FPS = 2) samples 2 frames a second, and so do the servers that
+    # serve these checkpoints; transformers' Qwen2VLVideoProcessor keeps every frame unless told (an 8 s 30 fps
+    # clip: 7,200 rows instead of 480). A checkpoint whose processor config samples keeps its own rule.
+    QWEN_FPS: ClassVar[float] = 2.0
+
+    @property
+    def default_video_fps(self) -> float | None:
+        processor = self.video_processor
+        if processor is None or getattr(processor, "do_sample_frames", False):
+            return None
+        return self.QWEN_FPS
+
     # What transformers' BaseVideoProcessor.preprocess takes out of its arguments before it binds the rest
     # to sample_frames.
     _NOT_SAMPLING_ARGUMENTS = ("input_data_format", "do_convert_rgb", "do_sample_frames", "device", "video_metadata")

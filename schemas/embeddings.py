@@ -60,6 +60,9 @@ class ModelCard(BaseModel):
     owned_by: str = "mmencode"
     # "pil" or "torchvision": which image processor makes the rows (match the LLM server's); null while loading.
     image_processor_backend: str | None = None
+    # The routes that take this id as `model`: the encoder's own (/v1/encode, /v1/embeddings), or an upstream's
+    # chat model behind the front door (/v1/chat/completions).
+    endpoints: list[str] = Field(default_factory=list)
 
 
 class ModelList(BaseModel):

@@ -170,7 +170,7 @@ async def asgi_client(**settings: Any) -> AsyncIterator[httpx.AsyncClient]:
 def file_server(directory: Path) -> Iterator[str]:
     """The files of ``directory`` over HTTP on 127.0.0.1 (content types from their suffixes, as
     ``http.server`` guesses them); yields the base URL. For media URLs; the fetcher's own rules are
-    tested against tests/test_fetch.py's image server."""
+    tested against tests/unit/media/test_fetch.py's image server."""
 
     class Quiet(SimpleHTTPRequestHandler):
         def log_message(self, format: str, *args: Any) -> None:
@@ -328,3 +328,43 @@ def haproxy_serving(
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+# ----- mmencode as a user installs it -----
+PLAIN_VENV = Path(__file__).resolve().parents[1] / ".venv-plain"
+
+
+def plain_mmencode() -> Path:
+    """``mmencode`` from .venv-plain (``pip install ".[video,audio]"`` and nothing else, ``make plain-env``);
+    a missing environment fails under CI (CI=true) and skips elsewhere."""
+    executable = PLAIN_VENV / "bin" / "mmencode"
+    if not (PLAIN_VENV / ".installed").is_file() or not executable.is_file():
+        message = f"{PLAIN_VENV} is missing: build it with `make plain-env` (make test does)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return executable
+
+
+@contextlib.contextmanager
+def mmencode_process(executable: Path, *args: str, log: Path) -> Iterator[str]:
+    """``executable serve *args`` on a loopback port, its log in ``log``; yields its URL once /ready is 200."""
+    port = free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [str(executable), "serve", "--host", "127.0.0.1", "--port", str(port), *args],
+            stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, process, log_path=log)
+        yield url
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=30)

@@ -1,4 +1,5 @@
-"""Probes: liveness never touches the model; readiness says whether requests can be served now."""
+"""Probes: liveness never touches the model; readiness says whether requests can be served now (the model
+loaded and warm, and, with the chat front door on, at least one healthy upstream)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ async def health() -> dict[str, str]:
 
 @router.get(
     "/ready",
-    summary="Readiness: 200 once the model is loaded and warmed up",
+    summary="Readiness: 200 once the model is loaded and warmed up (and, with --upstream, an upstream is healthy)",
     responses={503: ERROR_RESPONSES[503]},
 )
 async def ready(engine: EngineDep, chat: ChatServiceDep) -> dict[str, Any]:
@@ -36,9 +37,18 @@ async def ready(engine: EngineDep, chat: ChatServiceDep) -> dict[str, Any]:
         "image_processor_backend": info.image_processor_backend,
     }
     if chat is not None:
-        # Informational: the encoder serves whatever the upstreams' state; a chat request without one
-        # available answers 503 upstream_unavailable itself.
-        answer["upstreams"] = chat.pool.status()
+        upstreams = chat.pool.status()
+        if not any(upstream["healthy"] is True for upstream in upstreams):
+            # A balancer probing /ready would keep sending chat traffic that can only answer 503: with the
+            # front door on, no healthy upstream is not ready (the encoder's own APIs included, which a
+            # balancer cannot tell apart). /health stays liveness only.
+            down = "; ".join(f"{u['url']}: {u['error'] or 'not checked yet'}" for u in upstreams)
+            raise NotReady(
+                f"no upstream is healthy ({down})",
+                details={"phase": engine.phase.value, "upstreams": upstreams},
+                headers={"Retry-After": "5"},
+            )
+        answer["upstreams"] = upstreams
     return answer
 
 

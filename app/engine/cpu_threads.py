@@ -74,10 +74,11 @@ def measure_forward_threads(
         timings = timings.fastest_with(_time_both_settings(adapter, item, cores, others, patience_ends))
         chosen = timings.choice(cores, preprocess)
     torch_threads_here(chosen)
+    what = f"a {CALIBRATION_SIZE}x{CALIBRATION_SIZE} image" if adapter.takes_images else "its warm-up audio clip"
     logger.info(
-        "CPU forward threads: %d of %d (a %dx%d image: forward %.1f ms on 1 thread, %.1f ms on %d; "
+        "CPU forward threads: %d of %d (%s: forward %.1f ms on 1 thread, %.1f ms on %d; "
         "preprocessing %.1f ms%s%s)",
-        chosen, cores, CALIBRATION_SIZE, CALIBRATION_SIZE,
+        chosen, cores, what,
         timings.times[1] * 1000, timings.times[cores] * 1000, cores, preprocess * 1000,
         f"; {timings.shared} forward{'s' if timings.shared > 1 else ''} on {cores} threads timed again: other "
         f"processes took up to {timings.busiest:.2f} cores" if timings.shared else "",

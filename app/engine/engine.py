@@ -11,10 +11,11 @@ rows and read :attr:`Engine.info` for what the model is.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -168,6 +169,9 @@ class Engine:
         self.fetcher = fetcher
         self.local_cache = local_cache
         self.startup_checks: list[StartupCheck] = []
+        # Run when a drain begins (SGLang's registration withdrawn, say), before the work in flight ends.
+        self.drain_hooks: list[Callable[[], Awaitable[None]]] = []
+        self._hooks_running: set[asyncio.Future[None]] = set()
         self.frame_choices: dict[SamplingRule, FrameChoice] = {}
         self.phase = Phase.STARTING
         self.started_at = int(time.time())
@@ -292,12 +296,14 @@ class Engine:
         if self.on_ready is not None:
             self.on_ready()
         scheme = "https" if self.settings.ssl_certfile is not None else "http"
+        # An audio-only checkpoint has no image processor to speak of.
+        processor = f", {adapter.image_processor_backend} image processor" if adapter.takes_images else ""
         logger.info(
-            "ready: serving %s (%s, %s, %s image processor) on %s at %s://%s:%d (/ready answers 200 from now on)",
+            "ready: serving %s (%s, %s%s) on %s at %s://%s:%d (/ready answers 200 from now on)",
             self.model_name,
             adapter.family,
             str(adapter.dtype).removeprefix("torch."),
-            adapter.image_processor_backend,
+            processor,
             adapter.device,
             scheme,
             self.settings.host,
@@ -338,12 +344,28 @@ class Engine:
         return shared
 
     def begin_drain(self) -> None:
-        """Stop taking new work: readiness turns 503 while what was accepted finishes."""
+        """Stop taking new work: readiness turns 503 while what was accepted finishes, and the drain hooks
+        (withdrawing from peers that would send more) run in the background. Safe from a signal handler."""
+        if self.phase is Phase.DRAINING:
+            return
         if self.phase is not Phase.FAILED:
             self.phase = Phase.DRAINING
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop (a test's engine): nothing was announced
+        for hook in self.drain_hooks:
+            loop.call_soon(self._run_hook, hook)
+
+    def _run_hook(self, hook: Callable[[], Awaitable[None]]) -> None:
+        task = asyncio.ensure_future(hook())
+        self._hooks_running.add(task)
+        task.add_done_callback(self._hooks_running.discard)
 
     async def stop(self, grace_s: float = DRAIN_GRACE_S) -> None:
         self.begin_drain()
+        if self._hooks_running:
+            await asyncio.gather(*self._hooks_running, return_exceptions=True)
         if self.worker is not None:
             await self.worker.drain(grace_s)
         if self.cache is not None:

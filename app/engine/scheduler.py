@@ -303,10 +303,15 @@ class Scheduler:
         return self.adapter.fingerprint
 
     def _sampling(self, item: VideoItem) -> VideoSampling:
-        """The item's sampling, under the server's rule where it names none."""
+        """The item's sampling, under the server's rule where it names none. A clip that asks for no rate
+        or count under the checkpoint's rule gets the family's default rate where its processor would keep
+        every frame (``default_video_fps``), named in the content hash as if asked."""
         rule = item.rule or self.video_sampling
         choice = None if rule == "checkpoint" else self.frame_choices[rule]
-        return VideoSampling(fps=item.fps, num_frames=item.num_frames, choice=choice)
+        fps = item.fps
+        if choice is None and fps is None and item.num_frames is None:
+            fps = self.adapter.default_video_fps
+        return VideoSampling(fps=fps, num_frames=item.num_frames, choice=choice)
 
     async def _media_bytes(self, index: int, item: Item) -> bytes | None:
         """The file bytes of an item's image, video or audio; ``None`` for an item that only names a hash."""

@@ -11,6 +11,7 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Iterable, Iterator
 
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.requests import ClientDisconnect
@@ -123,7 +124,19 @@ def _route_template(scope: Scope) -> str:
     if route is not None:
         return str(getattr(route, "path", "unmatched"))
     app = scope.get("app")
-    for candidate in getattr(app, "routes", ()):
-        if isinstance(candidate, BaseRoute) and candidate.matches(scope)[0] is Match.FULL:
+    for candidate in _leaf_routes(getattr(app, "routes", ())):
+        if candidate.matches(dict(scope))[0] is Match.FULL:
             return str(getattr(candidate, "path", "unmatched"))
     return "unmatched"
+
+
+def _leaf_routes(routes: Iterable[BaseRoute]) -> Iterator[BaseRoute]:
+    """The app's routes with included routers opened (FastAPI keeps an included APIRouter as one route that
+    dispatches to its own): a request refused before routing, a 413 on its Content-Length, is counted
+    under the route it was for."""
+    for route in routes:
+        included = getattr(route, "original_router", None)
+        if included is not None:
+            yield from _leaf_routes(included.routes)
+        elif isinstance(route, BaseRoute):
+            yield route

@@ -19,6 +19,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from mmencode.app.engine.errors import InvalidImage, PayloadTooLarge
 from mmencode.app.media.b64 import decode_strict
 from mmencode.app.media.kinds import IMAGE, MediaKind
+from mmencode.app.media.sniff import sniff
 
 __all__ = [
     "decode_base64_file",
@@ -175,7 +176,11 @@ def decode_image(data: bytes, *, max_pixels: int) -> Image.Image:
     except (InvalidImage, PayloadTooLarge):
         raise
     except UnidentifiedImageError:
-        raise InvalidImage(f"not a recognised image format (one of {', '.join(_OPEN_FORMATS)})") from None
+        message = f"not a recognised image format (one of {', '.join(_OPEN_FORMATS)})"
+        looks = sniff(data)
+        if looks is not None and looks[1] != "image":
+            message += f"; the file looks like {looks[0]}: send it as the item's `{looks[1]}`"
+        raise InvalidImage(message) from None
     except Image.DecompressionBombError as exc:
         # Pillow's own guard fired while reading the header (over 2 * Image.MAX_IMAGE_PIXELS): the
         # image is over the effective pixel limit, whatever max_pixels says.

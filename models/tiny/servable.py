@@ -49,6 +49,21 @@ def chatml_with_image(marker: str) -> str:
     )
 
 
+# Qwen's own: content parts in order, each image or video as its placeholder between vision markers, as the
+# Qwen-VL checkpoints on the hub ship it. Servers that render OpenAI-style parts through the template (SGLang:
+# a template that renders `content` as a string makes it drop the images) and servers that put their own
+# placeholder in front of a string (vLLM, which reads this one as parts too) both find the images.
+QWEN_VL = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}{% for item in message['content'] %}"
+    "{% if item['type'] == 'image' or 'image' in item or 'image_url' in item %}"
+    "<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif item['type'] == 'video' or 'video' in item %}<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in item %}{{ item['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
 # Gemma's: content parts in order, the image's marker glued to the text. vLLM's Gemma 3 processor finds
 # the image's rows by the "\n\n" around them, which a newline of the template's own would merge into
 # one "\n\n\n" token.
@@ -89,6 +104,9 @@ class ServableSpec:
     processor_settings: dict[str, Any] = field(default_factory=dict)
     # Text config settings a server's kernels need beyond the full layout's.
     text_settings: dict[str, Any] = field(default_factory=dict)
+    # Vision config settings a server reads beyond what transformers writes (SGLang's Qwen2-VL reads
+    # `in_chans`, which the hub's Qwen2-VL configs carry from transformers 4).
+    vision_settings: dict[str, Any] = field(default_factory=dict)
 
 
 _CHATML_TOKENS = {0: "<|endoftext|>", 1: "<|im_start|>", 2: "<|im_end|>"}
@@ -111,13 +129,25 @@ SERVABLE: dict[str, ServableSpec] = {
         {"audio_token_index": 3},
         {"audio_token": "<|AUDIO|>", "audio_bos_token": "<|audio_bos|>", "audio_eos_token": "<|audio_eos|>"},
     ),
-    "qwen2_vl": ServableSpec(_QWEN_TOKENS, _QWEN_IDS, _QWEN_ATTRIBUTES, video_processor="Qwen2VLVideoProcessor"),
-    "qwen2_5_vl": ServableSpec(_QWEN_TOKENS, _QWEN_IDS, _QWEN_ATTRIBUTES, video_processor="Qwen2VLVideoProcessor"),
-    "qwen3_vl": ServableSpec(_QWEN_TOKENS, _QWEN_IDS, _QWEN_ATTRIBUTES, video_processor="Qwen3VLVideoProcessor"),
+    "qwen2_vl": ServableSpec(
+        _QWEN_TOKENS,
+        _QWEN_IDS,
+        _QWEN_ATTRIBUTES,
+        QWEN_VL,
+        video_processor="Qwen2VLVideoProcessor",
+        vision_settings={"in_chans": 3},
+    ),
+    "qwen2_5_vl": ServableSpec(
+        _QWEN_TOKENS, _QWEN_IDS, _QWEN_ATTRIBUTES, QWEN_VL, video_processor="Qwen2VLVideoProcessor"
+    ),
+    "qwen3_vl": ServableSpec(
+        _QWEN_TOKENS, _QWEN_IDS, _QWEN_ATTRIBUTES, QWEN_VL, video_processor="Qwen3VLVideoProcessor"
+    ),
     "qwen3_5": ServableSpec(
         _QWEN_TOKENS,
         _QWEN_IDS,
         _QWEN_ATTRIBUTES,
+        QWEN_VL,
         video_processor="Qwen3VLVideoProcessor",
         # vLLM's CPU Gated DeltaNet kernel wants a released head size (16: "expect head_dim to be multiples of
         # 32"; 32: "Unexpected head dim size, 32"); Qwen3.5 uses 128.
@@ -218,6 +248,8 @@ def servable_model(model: PreTrainedModel, spec: ServableSpec) -> PreTrainedMode
     for name, value in spec.text_settings.items():
         setattr(text, name, value)
     _fit_mrope(text)
+    for name, value in spec.vision_settings.items():
+        setattr(config.vision_config, name, value)
     for name, value in spec.config_ids.items():
         setattr(config, name, value)
     if hasattr(config, "vocab_size"):

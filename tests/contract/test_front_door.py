@@ -3,13 +3,15 @@ and what the forwarder does with each kind of upstream answer.
 
 The forwarder tests answer through ``httpx.MockTransport`` (httpx's own in-process transport), to reach
 answers a real vLLM gives only under faults (a 503 from one server and a 200 from the next, a reset);
-``tests/e2e/test_front_door.py`` runs the same paths against real vLLM servers.
+``tests/vllm_server/test_front_door.py`` runs the same paths against real vLLM servers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator, Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -27,7 +29,7 @@ from mmencode.app.config import Settings
 from mmencode.app.engine.errors import ModelNotFound, UnsupportedParameter, ValidationFailed
 from mmencode.app.metrics import Metrics
 from mmencode.app.server import create_app
-from tests.helpers import asgi_client
+from tests.helpers import asgi_client, free_port
 
 # ----- settings -----
 
@@ -270,3 +272,81 @@ def test_when_every_upstream_fails_the_answer_is_502_naming_each() -> None:
         asyncio.run(forwarder.open(b"{}", model=None, hashes=[], stream=False))
     assert caught.value.status == 502
     assert [attempt["upstream"] for attempt in caught.value.details["attempts"]] == ["http://a", "http://b"]
+
+
+# ----- readiness and the model list with upstreams (a small local upstream: the encoder is the real one) -----
+class _Upstream:
+    """An OpenAI-compatible server on loopback serving one chat model; it echoes the model it was asked."""
+
+    def __init__(self, port: int) -> None:
+        served = "tiny-chat"
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+            def _json(self, body: dict[str, object]) -> None:
+                data = orjson.dumps(body)
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                self._json({"data": [{"id": served}]} if self.path == "/v1/models" else {})
+
+            def do_POST(self) -> None:
+                asked = orjson.loads(self.rfile.read(int(self.headers["content-length"])))
+                self._json({"object": "chat.completion", "model": asked["model"], "choices": []})
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+async def _until(client: httpx.AsyncClient, status: int) -> httpx.Response:
+    for _ in range(600):
+        answer = await client.get("/ready")
+        if answer.status_code == status and (status == 200 or answer.json()["error"]["details"].get("upstreams")):
+            return answer
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"/ready never answered {status}: {answer.text}")
+
+
+async def test_ready_is_503_while_no_upstream_is_healthy_and_200_once_one_is(checkpoints: dict[str, Path]) -> None:
+    port = free_port()
+    settings = Settings(
+        model=checkpoints["qwen2_vl"], upstream=[f"http://127.0.0.1:{port}"], upstream_health_interval=0.2
+    )
+    app = create_app(settings)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://door.test") as client,
+    ):
+        down = await _until(client, 503)
+        error = down.json()["error"]
+        assert error["code"] == "not_ready" and f"127.0.0.1:{port}" in error["message"]
+        assert [u["healthy"] for u in error["details"]["upstreams"]] == [False]
+        assert (await client.get("/health")).status_code == 200  # liveness is not readiness
+        upstream = _Upstream(port)
+        try:
+            ready = await _until(client, 200)
+            assert [u["healthy"] for u in ready.json()["upstreams"]] == [True]
+            models = (await client.get("/v1/models")).json()["data"]
+            # What a chat client can use comes first; the encoder's own id stays, marked with its routes.
+            assert [(m["id"], m["endpoints"]) for m in models] == [
+                ("tiny-chat", ["/v1/chat/completions"]),
+                (checkpoints["qwen2_vl"].name, ["/v1/encode", "/v1/embeddings"]),
+            ]
+            # The encoder's id, which a client may have taken from an older list, names the one chat model.
+            chat = {"model": checkpoints["qwen2_vl"].name, "messages": [{"role": "user", "content": "hi"}]}
+            answer = await client.post("/v1/chat/completions", json=chat)
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["model"] == "tiny-chat"
+        finally:
+            upstream.stop()

@@ -3,7 +3,7 @@
 What a URL gives (the same rows as the bytes inline), and each fetch error's HTTP shape once, with the
 service's own limits (redirects, bytes, timeout, allowlist) in its details. The fetcher's rules case by
 case (schemes, private addresses, every redirect hop, bodies cut without being read, content types)
-are tested on the fetcher itself, in tests/test_fetch.py. The image server listens on 127.0.0.1 only,
+are tested on the fetcher itself, in tests/unit/media/test_fetch.py. The image server listens on 127.0.0.1 only,
 which the service may reach through the test-only allowlist ``allowed_url_hosts=["127.0.0.1"]``.
 """
 

@@ -55,3 +55,28 @@ def test_a_start_under_probing_logs_one_line_per_phase(checkpoints: dict[str, Pa
     assert sum("ready: serving" in line for line in mine) == 1, log
     # The rest are load-time facts (weights, preprocessing path, threads), once each, whatever the probing.
     assert len(mine) <= 6, log
+
+
+def test_the_front_doors_own_upstream_checks_are_quiet_and_a_change_logs_once(checkpoints: dict[str, Path]) -> None:
+    """Checks every half second of an upstream that is down: no line per check (httpx's own INFO lines
+    included), one line as it leaves the rotation."""
+    port = free_port()
+    command = [sys.executable, "-m", "mmencode", "serve", "--model", str(checkpoints["qwen2_vl"]), "--port", str(port)]
+    command += ["--upstream", f"http://127.0.0.1:{free_port()}", "--upstream-health-interval", "0.5"]
+    process = subprocess.Popen(command, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        time.sleep(5)  # ten checks
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=60)
+    log = output.decode()
+    assert "httpx" not in log and "HTTP Request" not in log, log
+    assert sum("leaves the rotation" in line for line in log.splitlines()) == 1, log

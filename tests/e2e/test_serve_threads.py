@@ -42,7 +42,7 @@ def test_a_served_model_parallelises_only_in_the_encoders_thread(checkpoints: di
         loop = worker._task.get_loop()
 
         # The engine's own executor for blocking work; the loop's thread and default executor are the
-        # process's, which `mmencode serve` tunes (tests/test_process_edge.py).
+        # process's, which `mmencode serve` tunes (tests/e2e/test_process.py).
         io = asyncio.run_coroutine_threadsafe(in_executor(engine.io_executor, torch.get_num_threads), loop).result()
         preprocessing = engine._pool.submit(torch.get_num_threads).result()
         encoder = worker._executor.submit(torch.get_num_threads).result()

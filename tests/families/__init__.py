@@ -51,11 +51,11 @@ needs_torchvision = [
 ]
 
 
-# Families whose references are older and live in tests/test_equivalence.py (the whole tower against
+# Families whose references are older and live in tests/unit/models/test_equivalence.py (the whole tower against
 # transformers', on the same images), not in a FamilySpec.
 COVERED_BY_EQUIVALENCE = ("clip", "internvl", "qwen2_vl", "siglip")
 # Audio-only families: their references (the whole model on the family's processor, per clip) live in
-# tests/test_audio.py; an image spec has nothing to give them.
+# tests/contract/test_audio.py; an image spec has nothing to give them.
 COVERED_BY_AUDIO_TESTS = ("qwen2_5_omni", "qwen2_audio", "qwen3_omni_moe")
 
 

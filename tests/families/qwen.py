@@ -1,4 +1,4 @@
-"""References for Qwen2.5-VL, Qwen3-VL, Qwen3.5 and GLM-4.1V (Qwen2-VL's are tests/test_equivalence.py's)."""
+"""References for Qwen2.5-VL, Qwen3-VL, Qwen3.5 and GLM-4.1V (Qwen2-VL's: tests/unit/models/test_equivalence.py)."""
 
 from __future__ import annotations
 

@@ -85,7 +85,7 @@ class VideoServer:
 def video_server(
     request: pytest.FixtureRequest, tiny_checkpoint: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[VideoServer]:
-    checkpoint = tiny_checkpoint(request.param, layout="servable")  # as tests/test_video.py builds them
+    checkpoint = tiny_checkpoint(request.param, layout="servable")  # as tests/contract/test_video.py builds them
     config = json.loads((checkpoint / "config.json").read_text())
     levels = len(config["vision_config"].get("deepstack_visual_indexes") or [])
     width = config["text_config"]["hidden_size"] * (1 + levels)

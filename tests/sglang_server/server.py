@@ -113,8 +113,9 @@ def sglang_server(
         command += ["--encoder-only"]
     else:
         bootstrap_port = free_port()
-        # OpenAI-style content parts: a template that renders `content` as a string drops the images.
-        command += ["--chat-template", "qwen2-vl", "--language-only", "--encoder-transfer-backend", transport]
+        # The checkpoint's own chat template (make-tiny's servable layout: OpenAI-style content parts; a template
+        # that renders `content` as a string makes SGLang drop the images).
+        command += ["--language-only", "--encoder-transfer-backend", transport]
         command += ["--encoder-bootstrap-port", str(bootstrap_port)]
         if encoder_urls:
             command += ["--encoder-urls", *encoder_urls]

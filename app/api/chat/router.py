@@ -16,6 +16,7 @@ from starlette.background import BackgroundTask
 from starlette.responses import Response, StreamingResponse
 
 from mmencode.app.api.chat.request import ChatItemLocator, parse_chat
+from mmencode.app.api.chat.service import ChatOutcome
 from mmencode.app.api.deps import ChatServiceDep, MetricsDep
 from mmencode.app.http.cancellation import cancel_on_disconnect
 from mmencode.app.http.context import context_of
@@ -76,10 +77,10 @@ async def chat_completions(request: Request, service: ChatServiceDep, metrics: M
     # The router's locator names a part by its place in `messages`, which only the parsed request knows.
     context.locator = ChatItemLocator.of(chat)
     context.items = len(chat.images)
-    tried: list[str] = []
+    outcome = ChatOutcome()
     try:
         if chat.stream:
-            stream = await cancel_on_disconnect(request, service.stream(chat, tried=tried), metrics)
+            stream = await cancel_on_disconnect(request, service.stream(chat, outcome=outcome), metrics)
             return StreamingResponse(
                 stream.body(),
                 media_type=stream.media_type,
@@ -88,8 +89,9 @@ async def chat_completions(request: Request, service: ChatServiceDep, metrics: M
                 # Releases the upstream even if the stream never started (a client gone at once).
                 background=BackgroundTask(stream.aclose),
             )
-        media_type, body = await cancel_on_disconnect(request, service.complete(chat, tried=tried), metrics)
+        media_type, body = await cancel_on_disconnect(request, service.complete(chat, outcome=outcome), metrics)
         return Response(body, media_type=media_type)
     finally:
         # The access line names the upstream(s) asked: the one that answered last.
-        context.upstream = ",".join(tried) or None
+        context.upstream = ",".join(outcome.upstreams) or None
+        context.tokens = outcome.tokens

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import orjson
@@ -37,13 +37,21 @@ from mmencode.app.peers.vllm.parts import ec_part, embeds_part
 from mmencode.app.wire.encodings import TORCH_DTYPES
 from mmencode.models import CheckpointError
 
-__all__ = ["ChatService", "ChatStream"]
+__all__ = ["ChatOutcome", "ChatService", "ChatStream"]
 
 logger = logging.getLogger("mmencode.upstream")
 
 Transport = Literal["embeds", "ec"]
 # Requests whose rows are past this are serialised on a thread: a 40 MB body must not stall the loop.
 _OFFLOAD_BYTES = 1 << 20
+
+
+@dataclass
+class ChatOutcome:
+    """What a chat request did, for its access line: the upstreams asked, the rows its images became."""
+
+    upstreams: list[str] = field(default_factory=list)
+    tokens: int | None = None
 
 
 @dataclass
@@ -130,6 +138,17 @@ class ChatService:
     def pool(self) -> UpstreamPool:
         return self._pool
 
+    def _aliased(self, chat: ChatRequest) -> ChatRequest:
+        """The encoder's own id (what /v1/models showed a client before the front door listed the upstreams')
+        names the upstreams' model when they serve exactly one: the request goes there, under that name."""
+        if chat.model != self._engine.model_name:
+            return chat
+        served = self._pool.models()
+        if len(served) != 1:
+            return chat  # none known yet, or several: the id names no chat model (404 with the list)
+        chat.body["model"] = served[0]
+        return replace(chat, model=served[0])
+
     def check_transport(self, info: EngineInfo) -> None:
         """vLLM refuses ``image_embeds`` parts for some families: those need the connector files."""
         if self._transport == "embeds" and info.family in EMBEDS_REFUSED:
@@ -139,23 +158,24 @@ class ChatService:
                 "(the directory the upstreams' ECExampleConnector reads)"
             )
 
-    async def complete(self, chat: ChatRequest, *, tried: list[str] | None = None) -> tuple[str, bytes]:
-        """A whole answer: ``(media type, body)``. ``tried``: the upstreams asked are appended to it."""
+    async def complete(self, chat: ChatRequest, *, outcome: ChatOutcome | None = None) -> tuple[str, bytes]:
+        """A whole answer: ``(media type, body)``. ``outcome``: what the request did, filled in as it goes."""
         started = time.perf_counter()
-        answer = await self._open(chat, tried if tried is not None else [])
+        answer = await self._open(chat, outcome or ChatOutcome())
         try:
             return answer.media_type, answer.first
         finally:
             await answer.aclose()
             self._metrics.chat_stage_seconds.labels("total").observe(time.perf_counter() - started)
 
-    async def stream(self, chat: ChatRequest, *, tried: list[str] | None = None) -> ChatStream:
+    async def stream(self, chat: ChatRequest, *, outcome: ChatOutcome | None = None) -> ChatStream:
         """A streamed answer whose upstream has already sent its success status and first bytes."""
         started = time.perf_counter()
-        answer = await self._open(chat, tried if tried is not None else [])
+        answer = await self._open(chat, outcome or ChatOutcome())
         return ChatStream(answer.upstream.url, answer.media_type, answer, started, self._metrics)
 
-    async def _open(self, chat: ChatRequest, tried: list[str]) -> UpstreamAnswer:
+    async def _open(self, chat: ChatRequest, outcome: ChatOutcome) -> UpstreamAnswer:
+        chat = self._aliased(chat)
         # Refuse a model no upstream serves, or none available, before spending the encoder on it.
         self._pool.require(chat.model)
         hashes: list[str] = []
@@ -164,10 +184,13 @@ class ChatService:
             results = await self._encode(chat)
             self._metrics.chat_stage_seconds.labels("encode").observe(time.perf_counter() - encode_started)
             hashes = [result.hash for result in results if result.hash is not None]
+            outcome.tokens = sum(result.num_tokens for result in results)
             body = await self._rewritten(chat, results)
         else:
             body = orjson.dumps(chat.body)
-        answer = await self._forwarder.open(body, model=chat.model, hashes=hashes, stream=chat.stream, tried=tried)
+        answer = await self._forwarder.open(
+            body, model=chat.model, hashes=hashes, stream=chat.stream, tried=outcome.upstreams
+        )
         self._metrics.chat_stage_seconds.labels("upstream_first_byte").observe(answer.first_byte_s)
         self._pool.remember(answer.upstream, hashes)
         return answer

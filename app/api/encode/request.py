@@ -23,6 +23,7 @@ from starlette.requests import Request
 from mmencode.app.engine.errors import PayloadTooLarge, ServiceError
 from mmencode.app.engine.types import AudioItem, ImageItem, Item, Precomputed, VideoItem
 from mmencode.app.http.validation import validation_error
+from mmencode.app.media.sniff import sniff
 from mmencode.app.suggest import did_you_mean
 from mmencode.schemas.encode import EncodeItem, EncodeOptions, EncodeRequest, PrecomputedEmbedding
 
@@ -40,6 +41,12 @@ def parse_json(raw: bytes) -> tuple[EncodeOptions, list[Item]]:
 
 
 def _did_you_mean(field: str) -> str:
+    if field in ("video", "audio"):
+        # Only images go as bare file parts; a clip goes in an item, beside a `request` that says what it is.
+        return (
+            f"; a {field} file goes in an item: -F 'request={{\"items\": [{{}}]}}' -F 'items[0].{field}=@file' "
+            f'(or as a data URI in JSON: {{"items": [{{"{field}": "data:..."}}]}})'
+        )
     meant = did_you_mean(field, ["image", *MULTIPART_FIELDS])
     return f"; did you mean `{meant}`?" if meant else ""
 
@@ -50,6 +57,17 @@ def _parse(raw: bytes | dict[str, Any]) -> EncodeRequest:
             return EncodeRequest.model_validate(raw)
         return EncodeRequest.model_validate_json(raw)
     except ValidationError as exc:
+        looks = sniff(raw) if isinstance(raw, bytes) else None
+        if looks is not None:
+            # A file sent as the body itself (curl --data-binary @cat.jpg): say what it is and how files go.
+            what, field = looks
+            how = (
+                "-F image=@file"
+                if field == "image"
+                else f"-F 'request={{\"items\": [{{}}]}}' -F 'items[0].{field}=@file'"
+            )
+            message = f"the body is {what}, not a JSON request: send files as multipart ({how})"
+            raise validation_error([{"loc": ["body"], "msg": message, "type": "json_invalid"}]) from None
         raise validation_error(exc.errors(include_url=False), model=EncodeRequest) from None
 
 

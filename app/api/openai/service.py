@@ -54,16 +54,20 @@ class EmbeddingsService:
         }
 
     def models(self) -> ModelList:
-        card = ModelCard(
+        """The encoder's own id, marked with the routes that take it; behind the front door, the upstreams'
+        chat models first, since they are what an OpenAI chat client lists models for."""
+        encoder = ModelCard(
             id=self._engine.model_name,
             created=self._engine.started_at,
             image_processor_backend=self._engine.image_processor_backend,
+            endpoints=["/v1/encode", "/v1/embeddings"],
         )
-        cards = [card]
-        for name in self._upstream_models() if self._upstream_models is not None else []:
-            if name != card.id:
-                cards.append(ModelCard(id=name, created=self._engine.started_at, owned_by="upstream"))
-        return ModelList(data=cards)
+        chat = [
+            ModelCard(id=name, created=self._engine.started_at, owned_by="upstream", endpoints=["/v1/chat/completions"])
+            for name in (self._upstream_models() if self._upstream_models is not None else [])
+            if name != encoder.id
+        ]
+        return ModelList(data=[*chat, encoder])
 
 
 def _item(source: str, modality: str | None) -> Item:

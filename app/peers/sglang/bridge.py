@@ -41,12 +41,15 @@ class SGLangEncoderBridge:
         media: MediaLoader,
         *,
         dtype: str,
+        compute_dtype: Callable[[], torch.dtype],
         push_timeout_s: float,
         metrics: Metrics,
     ) -> None:
         self._encode = encode
         self._media = media
-        self._dtype = TORCH_DTYPES[dtype]
+        # "auto": the encoder's compute dtype, read once the model is loaded.
+        self._dtype = None if dtype == "auto" else TORCH_DTYPES[dtype]
+        self._compute_dtype = compute_dtype
         self._timeout_s = push_timeout_s
         self._metrics = metrics
         self.registry = ReceiverRegistry(ttl_s=max(600.0, 4 * push_timeout_s))
@@ -68,7 +71,7 @@ class SGLangEncoderBridge:
             internal = InternalError(f"the encoder failed on this request: {type(exc).__name__}")
             await self._push_error(request, internal)
             raise internal from exc
-        rows = torch.cat([r.rows for r in results]).to(self._dtype)
+        rows = torch.cat([r.rows for r in results]).to(self._dtype or self._compute_dtype())
         grid_field = GRID_FIELDS(request.modality)
         grids: list[Any] = [r.metadata.get(grid_field) for r in results]
         grid_dim: list[list[int]] | torch.Tensor | None = None

@@ -12,7 +12,7 @@ video processor, called with ``do_sample_frames=False``:
   128 and 768 tiles of 28x28 pixels and within a budget for the whole clip (``VIDEO_TOTAL_PIXELS``:
   90 % of 128,000 tiles, shared by its frames two at a time).
 
-The same rules here, on the frames PyAV decodes; ``tests/e2e/test_sglang_video_sampling.py`` checks them
+The same rules here, on the frames PyAV decodes; ``tests/peers/test_sglang_video_sampling.py`` checks them
 against SGLang's own function. The constants are SGLang's defaults (its ``--mm-process-config`` video
 settings other than ``fps`` and ``nframes`` are not read here).
 

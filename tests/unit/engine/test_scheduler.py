@@ -56,6 +56,7 @@ class FakeAdapter:
     hidden_size = WIDTH
     pooled_width = WIDTH
     audio_sampling_rate = None
+    default_video_fps = None
 
     def takes(self, modality: Modality) -> bool:
         return modality == "image"

@@ -1,4 +1,4 @@
-"""Every family added for issue 8, against transformers' own model and processor (specs in tests/families.py).
+"""Every family added for issue 8, against transformers' own model and processor (specs in tests/families/__init__.py).
 
 Tiny checkpoints are full VLMs saved by transformers 5 (processor in processor_config.json). fp32 on
 CPU; a tolerance of 1e-5 absolute covers reassociation between a packed and a per-image forward.

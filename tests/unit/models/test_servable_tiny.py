@@ -1,5 +1,5 @@
 """The servable tiny layout: what an LLM server reads is there and consistent (vLLM itself serves them in
-tests/e2e/test_vllm_answers.py), and mmencode serves the same directory."""
+tests/vllm_server/test_answers.py), and mmencode serves the same directory."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Step3 (``step3p7``) and Kimi (``kimi_k25``) beyond the shared family tests (tests/test_families.py).
+"""Step3 (``step3p7``) and Kimi (``kimi_k25``) beyond the shared family tests (tests/unit/models/test_families.py).
 
 Both need torchvision. Where it is missing (simulated here by blocking its import, so these run in
 every environment) a checkpoint is refused with one sentence naming it, by the loader and by
