@@ -100,12 +100,15 @@ sglang-env: $(SGLANG_VENV)/.installed
 # extras, no pair installed first). tests/e2e/test_plain_install.py serves video and audio from it, and the
 # SGLang suite runs it as SGLang's encoder: what a plain install computes is what is compared.
 PLAIN_VENV ?= .venv-plain
+# A copy, not an editable install: it is reinstalled whenever the package's files change (its dependencies,
+# torch among them, stay unless pyproject.toml asks for others).
+PROJECT_SOURCES := pyproject.toml $(shell git ls-files app models schemas mmencode 2>/dev/null)
 
-$(PLAIN_VENV)/.installed: pyproject.toml
-	rm -rf $(PLAIN_VENV)
-	$(PYTHON) -m venv $(PLAIN_VENV)
+$(PLAIN_VENV)/.installed: $(PROJECT_SOURCES)
+	test -x $(PLAIN_VENV)/bin/pip || $(PYTHON) -m venv $(PLAIN_VENV)
 	$(PLAIN_VENV)/bin/pip install --quiet --upgrade pip
 	$(PLAIN_VENV)/bin/pip install --quiet ".[video,audio]"
+	$(PLAIN_VENV)/bin/pip install --quiet --no-deps --force-reinstall .
 	touch $@
 
 plain-env: $(PLAIN_VENV)/.installed

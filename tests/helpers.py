@@ -26,7 +26,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -347,15 +347,24 @@ def plain_mmencode() -> Path:
 
 
 @contextlib.contextmanager
-def mmencode_process(executable: Path, *args: str, log: Path) -> Iterator[str]:
-    """``executable serve *args`` on a loopback port, its log in ``log``; yields its URL once /ready is 200."""
-    port = free_port()
+def mmencode_process(
+    executable: Path,
+    *args: str,
+    log: Path,
+    port: int | None = None,
+    started: Callable[[subprocess.Popen[bytes]], None] | None = None,
+) -> Iterator[str]:
+    """``executable serve *args`` on a loopback port (``port``, or a free one), its log in ``log``; yields its
+    URL once /ready is 200. ``started`` is given the process (its own process group) as soon as it runs."""
+    port = port or free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     with log.open("wb") as sink:
         process = subprocess.Popen(
             [str(executable), "serve", "--host", "127.0.0.1", "--port", str(port), *args],
             stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )  # fmt: skip
+    if started is not None:
+        started(process)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, process, log_path=log)

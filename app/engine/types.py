@@ -29,7 +29,6 @@ __all__ = [
     "SamplingRule",
     "Source",
     "VideoItem",
-    "item_of_kind",
 ]
 
 # A file as the client sent it: ``str`` is a data URI, bare base64 or an http(s) URL; ``bytes`` an upload.
@@ -101,15 +100,6 @@ class AudioItem(_Item):
 
 
 Item = ImageItem | VideoItem | AudioItem
-
-
-def item_of_kind(kind: Modality, file: Source | None) -> Item:
-    """An item of ``kind`` holding ``file``: for the APIs whose request says the kind beside the file."""
-    if kind == "video":
-        return VideoItem(file=file)
-    if kind == "audio":
-        return AudioItem(file=file)
-    return ImageItem(file=file)
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,6 +64,19 @@ QWEN_VL = (
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
+# Qwen2-Audio's own: each audio part as "Audio N: <|audio_bos|><|AUDIO|><|audio_eos|>", as the hub's
+# Qwen2-Audio-Instruct ships it (content parts, which SGLang needs and vLLM reads too).
+QWEN2_AUDIO = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% set audios = namespace(count=0) %}{% for item in message['content'] %}"
+    "{% if item['type'] == 'audio' or 'audio' in item or 'audio_url' in item %}"
+    "{% set audios.count = audios.count + 1 %}Audio {{ audios.count }}: <|audio_bos|><|AUDIO|><|audio_eos|>\n"
+    "{% elif 'text' in item %}{{ item['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
 # Gemma's: content parts in order, the image's marker glued to the text. vLLM's Gemma 3 processor finds
 # the image's rows by the "\n\n" around them, which a newline of the template's own would merge into
 # one "\n\n\n" token.
@@ -128,6 +141,7 @@ SERVABLE: dict[str, ServableSpec] = {
         _QWEN2_AUDIO_TOKENS,
         {"audio_token_index": 3},
         {"audio_token": "<|AUDIO|>", "audio_bos_token": "<|audio_bos|>", "audio_eos_token": "<|audio_eos|>"},
+        QWEN2_AUDIO,
     ),
     "qwen2_vl": ServableSpec(
         _QWEN_TOKENS,

@@ -80,8 +80,9 @@ def _assert_embedding(message: dict[str, Any], req_id: str, rows: torch.Tensor, 
     assert (message["req_id"], message["num_parts"], message["part_idx"]) == (req_id, 1, 0)
     assert message["modality"] == "sglang.srt.multimodal.modality.<Modality.IMAGE: 1>"
     assert message["error_msg"] is None and message["error_code"] is None
-    assert message["dtype"] == torch.bfloat16 and message["shape"] == list(rows.shape)
-    assert torch.equal(message["embedding"], rows.to(torch.bfloat16))
+    # The encoder's compute dtype by default (--sglang-dtype auto): float32 on a CPU, as SGLang's own encoder.
+    assert message["dtype"] == torch.float32 and message["shape"] == list(rows.shape)
+    assert torch.equal(message["embedding"], rows)
     assert message["grid"].tolist() == grids
 
 
@@ -234,22 +235,25 @@ def test_a_video_part_reaches_sglang_with_its_grid_and_timing(
     tiny_checkpoint: Any, tmp_path: Path, receiver: SGLangReceiver, family: str
 ) -> None:
     """Two clips as one VIDEO part: the rows, Modality.VIDEO, the video grids as ``grid_dim`` and, on
-    Qwen2.5-VL, each clip's ``second_per_grid_ts``, as SGLang's own encoder sends them (Qwen2-VL has none)."""
+    Qwen2.5-VL, each clip's ``second_per_grid_ts``, as SGLang's own encoder sends them (Qwen2-VL has none).
+    The route samples as SGLang's encoder does (its own frame choice): the same as /v1/encode asked so."""
     clips = [video_data_uri(clip(9, 80, 60, fps=10, seed=81)), video_data_uri(clip(6, 52, 70, fps=4, seed=82))]
     with live_server(model=tiny_checkpoint(family)) as server, server.client() as client:
-        items = client.post("/v1/encode", json={"items": [{"video": c} for c in clips]}).json()["items"]
+        asked = {"items": [{"video": c, "sampling": "sglang"} for c in clips]}
+        items = client.post("/v1/encode", json=asked).json()["items"]
         body = {**_encode_body("v1_local_part_0", clips, receiver.port), "modality": "VIDEO"}
         response = client.post("/encode", json=body)
     assert response.status_code == 200, response.text
     [message] = receiver.messages()
     assert message["modality"] == "sglang.srt.multimodal.modality.<Modality.VIDEO: 2>"
     assert message["is_sglang_class"] and message["error_msg"] is None
-    assert torch.equal(message["embedding"], torch.cat([rows_of(i) for i in items]).to(torch.bfloat16))
+    assert torch.equal(message["embedding"], torch.cat([rows_of(i) for i in items]))
     assert message["grid"].tolist() == [i["metadata"]["video_grid_thw"] for i in items]
     if family == "qwen2_vl":
         assert message["second_per_grid_ts"] is None and all("second_per_grid_ts" not in i["metadata"] for i in items)
     else:
-        assert message["second_per_grid_ts"] == [i["metadata"]["second_per_grid_ts"] for i in items] == [0.2, 0.5]
+        # SGLang's encoder: temporal_patch_size over the rate it samples at (2 a second), whatever the clip's.
+        assert message["second_per_grid_ts"] == [i["metadata"]["second_per_grid_ts"] for i in items] == [1.0, 1.0]
 
 
 @pytest.mark.parametrize("family", ["qwen3_vl", "qwen3_5"])
@@ -260,7 +264,8 @@ def test_a_qwen3_vl_video_part_carries_its_timestamps_as_sglang_names_them(
     clip's per-patch times as ``video_timestamps``, which its receiver hands the language model's processor."""
     clips = [video_data_uri(clip(9, 80, 60, fps=10, seed=83)), video_data_uri(clip(13, 64, 48, fps=5, seed=84))]
     with live_server(model=tiny_checkpoint(family, layout="servable")) as server, server.client() as client:
-        items = client.post("/v1/encode", json={"items": [{"video": c} for c in clips]}).json()["items"]
+        asked = {"items": [{"video": c, "sampling": "sglang"} for c in clips]}
+        items = client.post("/v1/encode", json=asked).json()["items"]
         body = {**_encode_body("v2_local_part_0", clips, receiver.port), "modality": "VIDEO"}
         response = client.post("/encode", json=body)
     assert response.status_code == 200, response.text

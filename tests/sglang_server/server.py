@@ -110,7 +110,9 @@ def sglang_server(
     ]  # fmt: skip
     bootstrap_port = None
     if role == "encoder":
-        command += ["--encoder-only"]
+        # The encoder must speak the language server's transport (SGLang's own asserts a list of ports for
+        # zmq_to_scheduler, runtime.py:1131; mmencode tells them apart per request).
+        command += ["--encoder-only", "--encoder-transfer-backend", transport]
     else:
         bootstrap_port = free_port()
         # The checkpoint's own chat template (make-tiny's servable layout: OpenAI-style content parts; a template
@@ -176,6 +178,12 @@ class Answer:
     def same_top_tokens(self, other: Answer) -> bool:
         return [set(t) for t in self.top] == [set(t) for t in other.top]
 
+    def moved_from(self, other: Answer, by: float = 1e-3) -> bool:
+        """Another answer, not the same one within noise: other tokens, other top-5, or logprobs apart."""
+        if self.tokens != other.tokens or not self.same_top_tokens(other):
+            return True
+        return self.max_logprob_difference(other) > by
+
 
 PROMPT = "What is in these images?"
 
@@ -222,9 +230,11 @@ def register(language: SGLangServer, encoder_url: str) -> None:
 
 
 def dispatched_items(language: SGLangServer) -> int:
-    """Items the language server sent to encoders so far (its log's "Dispatching N mm items" lines): a
-    language-only server with no encoder quietly encodes itself, so a test checks this moved."""
-    return sum(int(n) for n in re.findall(r"Dispatching (\d+) mm items", language.log_text()))
+    """Encoder work the language server sent so far: its log's "Dispatching N mm items" (zmq_to_scheduler)
+    and "Sending encode request to" lines (zmq_to_tokenizer). A language-only server with no encoder quietly
+    encodes itself, so a test checks that this moved."""
+    log = language.log_text()
+    return sum(int(n) for n in re.findall(r"Dispatching (\d+) mm items", log)) + log.count("Sending encode request to")
 
 
 def json_lines(text: str) -> list[dict[str, Any]]:

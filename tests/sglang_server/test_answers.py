@@ -1,8 +1,9 @@
 """SGLang's own encode/prefill split answers the same whether its encoder is SGLang or mmencode.
 
 Per family, one SGLang 0.5.23 language-only server (``zmq_to_scheduler``) and two encoders: SGLang's own
-``--encoder-only`` server, the reference, and mmencode as ``mmencode serve`` starts it by default (no
-flag: its SGLang dtype is the encoder's compute dtype, its image processor torchvision's, as SGLang's).
+``--encoder-only`` server, the reference, and mmencode installed as a user installs it (``pip install
+".[video,audio]"``, .venv-plain) and started with no flag but its model (its SGLang dtype is then the
+encoder's compute dtype, its image processor torchvision's, as SGLang's).
 The language server is pointed at one encoder at a time through its own registration routes, and each
 answer is checked to have gone through that encoder. The same prompt length, the same greedy tokens,
 the same top-5 tokens with logprobs within 1e-4 (float32); a flipped image in the same test must move
@@ -12,7 +13,7 @@ them.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +22,7 @@ import pytest
 from PIL import Image, ImageOps
 
 from mmencode.models.tiny import build_tiny
-from tests.helpers import LiveServer, data_uri, live_server, noise_image
+from tests.helpers import clip, data_uri, mmencode_process, noise_image, plain_mmencode, video_data_uri
 from tests.sglang_server.server import Answer, SGLangServer, chat, dispatched_items, register, sglang_server
 
 FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
@@ -41,23 +42,25 @@ class Split:
     family: str
     language: SGLangServer
     sglang: SGLangServer  # SGLang's own --encoder-only server
-    mmencode: LiveServer
+    mmencode: str  # its URL
 
     def answer(self, encoder_url: str, parts: list[dict[str, Any]]) -> Answer:
         """The language server's answer with ``encoder_url`` as its only encoder, which must have served it."""
         register(self.language, encoder_url)
         before = dispatched_items(self.language)
         answer = chat(self.language, parts)
-        assert dispatched_items(self.language) >= before + len(parts), "the encoder was not asked"
+        assert dispatched_items(self.language) > before, "the encoder was not asked"
         return answer
 
-    def compare(self, parts: list[dict[str, Any]]) -> tuple[Answer, Answer]:
+    def compare(self, parts: list[dict[str, Any]], record: Callable[[str, object], None]) -> tuple[Answer, Answer]:
         reference = self.answer(self.sglang.url, parts)
-        ours = self.answer(self.mmencode.url, parts)
+        ours = self.answer(self.mmencode, parts)
         assert ours.prompt_tokens == reference.prompt_tokens
         assert ours.tokens == reference.tokens
         assert ours.same_top_tokens(reference)
-        assert ours.max_logprob_difference(reference) <= TOLERANCE, ours.max_logprob_difference(reference)
+        difference = ours.max_logprob_difference(reference)
+        record("max_logprob_difference", difference)  # in --junitxml's report: the README's table
+        assert difference <= TOLERANCE, difference
         return reference, ours
 
 
@@ -70,24 +73,43 @@ def split(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     family = request.param
     root = tmp_path_factory.mktemp(f"sglang-{family}")
     checkpoint = build_tiny(root / "model", family, layout="servable")
+    plain = plain_mmencode()
     with contextlib.ExitStack() as stack, ThreadPoolExecutor(max_workers=3) as starter:
         started = [
             starter.submit(_enter, stack, sglang_server(checkpoint, root / "language.log", role="language")),
             starter.submit(_enter, stack, sglang_server(checkpoint, root / "encoder.log", role="encoder")),
-            starter.submit(_enter, stack, live_server(model=checkpoint, cache_dir=root / "cache")),
+            starter.submit(
+                _enter, stack, mmencode_process(plain, "--model", str(checkpoint), log=root / "mmencode.log")
+            ),
         ]
         language, sglang, mmencode = (future.result() for future in started)
         yield Split(family, language, sglang, mmencode)
 
 
 @pytest.mark.parametrize("image", [WIDE, TALL, SQUARE], ids=["wide", "tall", "square"])
-def test_one_image_gives_sglangs_own_answer(split: Split, image: Image.Image) -> None:
-    _, ours = split.compare([image_part(image)])
-    flipped = split.answer(split.mmencode.url, [image_part(ImageOps.mirror(image))])
-    assert flipped.tokens != ours.tokens or ours.max_logprob_difference(flipped) > 1e-3
+def test_one_image_gives_sglangs_own_answer(
+    split: Split, image: Image.Image, record_property: Callable[[str, object], None]
+) -> None:
+    _, ours = split.compare([image_part(image)], record_property)
+    flipped = split.answer(split.mmencode, [image_part(ImageOps.mirror(image))])
+    assert flipped.moved_from(ours), "a flipped image gave the same answer: the rows do not reach the model"
 
 
-def test_two_images_of_different_sizes_land_on_their_own_placeholders(split: Split) -> None:
-    _, ours = split.compare([image_part(WIDE), image_part(TALL)])
-    swapped = split.answer(split.mmencode.url, [image_part(TALL), image_part(WIDE)])
-    assert swapped.tokens != ours.tokens or ours.max_logprob_difference(swapped) > 1e-3
+def test_two_images_of_different_sizes_land_on_their_own_placeholders(
+    split: Split, record_property: Callable[[str, object], None]
+) -> None:
+    _, ours = split.compare([image_part(WIDE), image_part(TALL)], record_property)
+    swapped = split.answer(split.mmencode, [image_part(TALL), image_part(WIDE)])
+    assert swapped.moved_from(ours), "the two images' rows are not each on its own placeholders"
+
+
+@pytest.mark.parametrize("split", ["qwen3_vl"], indirect=True)
+def test_a_video_gives_sglangs_own_answer(split: Split, record_property: Callable[[str, object], None]) -> None:
+    """A clip through SGLang's split: mmencode's route samples it as SGLang's own encoder does (qwen-vl-utils'
+    rules). Qwen3-VL only: SGLang 0.5.23's Qwen2.5-VL tower attends across a whole clip where transformers'
+    (and vLLM's, and mmencode's) attends per pair of frames (srt/models/qwen2_5_vl.py:548-557), so its own
+    rows differ from every other implementation's (0.013 in logprob measured; README, "Use with SGLang")."""
+    video = {"type": "video_url", "video_url": {"url": video_data_uri(clip(20, 128, 96, fps=10, seed=411))}}
+    _, ours = split.compare([video], record_property)
+    other = {"type": "video_url", "video_url": {"url": video_data_uri(clip(20, 128, 96, fps=10, seed=412))}}
+    assert split.answer(split.mmencode, [other]).moved_from(ours)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from mmencode.app.engine.errors import InternalError, InvalidImage, ItemLocation, RequestTimeout, ServiceError
-from mmencode.app.engine.types import Item, ItemResult, item_of_kind
+from mmencode.app.engine.types import AudioItem, ImageItem, Item, ItemResult, Source, VideoItem
 from mmencode.app.media.kinds import KINDS
 from mmencode.app.media.loader import MediaLoader
 from mmencode.app.metrics import Metrics
@@ -107,7 +107,7 @@ class SGLangEncoderBridge:
     async def _item(self, index: int, item: dict[str, Any], kind: Modality) -> Item:
         expected = item.get("content_hash")
         if expected is None:
-            return item_of_kind(kind, item["url"])
+            return _item_of(kind, item["url"])
         # SGLang's hash (sha256 of the file) names the file's bytes: load them here to check it; the engine
         # then takes the bytes as they are, and hashes them for its cache as it hashes every file.
         try:
@@ -121,7 +121,7 @@ class SGLangEncoderBridge:
                 location=ItemLocation(index, ("hash",)),
                 details={"expected": expected, "actual": actual},
             )
-        return item_of_kind(kind, data)
+        return _item_of(kind, data)
 
     async def _destinations(self, request: SGLangEncodeRequest) -> tuple[list[str], int | None]:
         """The endpoints to push to, and how many there should be (fewer: registrations timed out)."""
@@ -170,3 +170,11 @@ class SGLangEncoderBridge:
         for task in list(self._background):
             task.cancel()
         self._pusher.close()
+
+
+def _item_of(kind: Modality, file: Source) -> Item:
+    """An engine item of the part's modality. A clip follows SGLang's own frame choice and sizes: SGLang's
+    encoder decodes a clip itself with qwen-vl-utils' rules, and on this route mmencode is that encoder."""
+    if kind == "video":
+        return VideoItem(file=file, rule="sglang")
+    return AudioItem(file=file) if kind == "audio" else ImageItem(file=file)
