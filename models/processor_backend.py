@@ -9,12 +9,15 @@ rows made with one are not the rows a language server on the other computes for 
 
 from __future__ import annotations
 
+import logging
 from typing import Literal
 
 import transformers
 
 from mmencode.models.errors import CheckpointError
 from mmencode.models.optional import INSTALL_HINT, torchvision_problem
+
+logger = logging.getLogger("mmencode.models")
 
 __all__ = ["Backend", "BackendChoice", "processor_class_for", "resolve_backend"]
 
@@ -26,7 +29,16 @@ def resolve_backend(choice: BackendChoice) -> Backend:
     """The backend ``choice`` means in this process; ``torchvision`` where it cannot import is refused."""
     problem = torchvision_problem()
     if choice == "auto":
-        return "pil" if problem is not None else "torchvision"
+        if problem is None:
+            return "torchvision"
+        # Loudly: the rows now differ from what the servers they feed compute with their default processors.
+        logger.warning(
+            "torchvision is not importable (%s): preprocessing with transformers' PIL image processors, whose rows "
+            "differ from transformers' default (torchvision) ones, and so from vLLM's and SGLang's own answers; %s",
+            problem,
+            INSTALL_HINT,
+        )
+        return "pil"
     if choice == "torchvision" and problem is not None:
         raise CheckpointError(
             f"--image-processor-backend torchvision needs torchvision, which is not importable here ({problem}); "

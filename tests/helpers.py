@@ -187,14 +187,20 @@ def file_server(directory: Path) -> Iterator[str]:
         thread.join(timeout=5)
 
 
+def docs_text() -> str:
+    """What a reader has: the README and every page of docs/, one after the other."""
+    root = Path(__file__).resolve().parents[1]
+    return "\n".join(path.read_text() for path in [root / "README.md", *sorted((root / "docs").glob("*.md"))])
+
+
 def readme_python(section: str) -> dict[str, Any]:
-    """The names the README's first python example under ``## section`` defines, run as a user runs it."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    text = readme.split(f"## {section}", 1)[1].split("\n## ", 1)[0]
+    """The names the first python example under ``## section`` (of the README or a page of docs/) defines,
+    run as a user runs it."""
+    text = docs_text().split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
     block = re.search(r"```python\n(.*?)```", text, re.S)
-    assert block is not None, f"README section {section!r} has no python example"
+    assert block is not None, f"section {section!r} has no python example"
     namespace: dict[str, Any] = {}
-    exec(compile(block.group(1), "README.md", "exec"), namespace)
+    exec(compile(block.group(1), f"{section}.md", "exec"), namespace)
     return namespace
 
 

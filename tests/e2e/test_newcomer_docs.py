@@ -11,10 +11,10 @@ import yaml
 
 from mmencode.app.cli import build_parser
 from mmencode.models.catalog import TINY_FAMILIES
-from tests.helpers import LiveServer, data_uri, noise_image
+from tests.helpers import LiveServer, data_uri, docs_text, noise_image
 
 ROOT = Path(__file__).resolve().parents[2]
-README = (ROOT / "README.md").read_text()
+README = docs_text()  # the README and docs/: what a newcomer reads
 API = (ROOT / "docs" / "api.md").read_text()
 
 

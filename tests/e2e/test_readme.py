@@ -23,7 +23,7 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def _using_it() -> str:
-    return README.read_text().split("## Using it", 1)[1].split("\n## ", 1)[0]
+    return README.read_text().split("## The first ten minutes", 1)[1].split("\n## ", 1)[0]
 
 
 def _shell_commands() -> list[str]:

@@ -272,9 +272,11 @@ def test_a_qwen3_vl_video_part_carries_its_timestamps_as_sglang_names_them(
     [message] = receiver.messages()
     assert message["modality"] == "sglang.srt.multimodal.modality.<Modality.VIDEO: 2>"
     assert message["grid"].tolist() == [i["metadata"]["video_grid_thw"] for i in items]
-    # 2 fps, at least 4 frames: 9 frames at 10 fps -> frames 0, 3, 5, 8; 13 at 5 fps -> 0, 3, 6, 9, 12 (+12).
+    # SGLang's frame choice (the route's): 9 frames at 10 fps are 1.8 frames' worth at 2 fps, at least 4 ->
+    # linspace(0, 8, 4) truncated: 0, 2, 5, 8; 13 at 5 fps are 5.2, floored to 4 -> 0, 4, 8, 12. A patch's
+    # time is its two frames' mean: [0.1, 0.65] and [0.4, 2.0] s.
     assert message["video_timestamps"] == [i["metadata"]["timestamps"] for i in items]
-    assert message["video_timestamps"] == [pytest.approx([0.15, 0.65]), pytest.approx([0.3, 1.5, 2.4])]
+    assert message["video_timestamps"] == [pytest.approx([0.1, 0.65]), pytest.approx([0.4, 2.0])]
     assert message["second_per_grid_ts"] is None
 
 

@@ -37,7 +37,6 @@ from tests.helpers import (
 )
 from tests.peers.run import vllm_decode, vllm_ec_consume
 
-README = Path(__file__).resolve().parents[2] / "README.md"
 IMAGES = [data_uri(noise_image(56, 56, seed=91)), data_uri(noise_image(112, 56, seed=92))]
 # 7 frames at 8 fps: Qwen2-VL and Qwen2.5-VL keep all 7 (4 temporal patches, the last frame repeated);
 # Qwen3-VL and Qwen3.5 sample 2 fps, at least 4 frames (2 patches, each with its timestamp).

@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import shlex
 import signal
 import subprocess
 import time
@@ -30,6 +32,24 @@ ROOT = Path(__file__).resolve().parents[2]
 VLLM_VENV = ROOT / ".venv-vllm"
 SERVED_NAME = "tiny"
 STARTUP_TIMEOUT_S = 300
+
+
+RECIPE_MARKER = "<!-- vllm-cpu-recipe -->"
+
+
+def cpu_recipe() -> tuple[dict[str, str], list[str]]:
+    """The environment and the flags of docs/vllm.md's CPU recipe, which every vLLM here is started with (so
+    the documented command is the tested one); the test-specific flags come after them."""
+    text = (ROOT / "docs" / "vllm.md").read_text().split(RECIPE_MARKER, 1)[1]
+    block = re.search(r"```bash\n(.*?)```", text, re.S)
+    assert block is not None, "docs/vllm.md lost its CPU recipe"
+    line = next(command for command in block.group(1).replace("\\\n", " ").splitlines() if "vllm serve " in command)
+    words = shlex.split(line)
+    at = next(i for i, word in enumerate(words) if word.endswith("vllm") and words[i + 1] == "serve")
+    env = dict(word.split("=", 1) for word in words[:at])
+    flags = words[at + 3 :]  # after `vllm serve MODEL`
+    port = flags.index("--port")
+    return env, flags[:port] + flags[port + 2 :]
 
 
 def vllm_executable() -> Path:
@@ -87,19 +107,18 @@ def vllm_server(
     limits = {"image": images_per_prompt, "video": videos_per_prompt}
     if audios_per_prompt:
         limits["audio"] = audios_per_prompt
+    recipe_env, recipe_flags = cpu_recipe()
+    # The recipe's flags, then what a test sets on top (a later flag wins): its dtype, context, limits, ...
     command = [
-        str(executable), "serve", str(model),
+        str(executable), "serve", str(model), *recipe_flags,
         "--host", "127.0.0.1", "--port", str(port),
         "--served-model-name", SERVED_NAME,
         "--dtype", dtype,
         "--max-model-len", str(max_model_len),
         "--max-num-seqs", "4",
         "--limit-mm-per-prompt", json.dumps(limits),
-        "--enable-mm-embeds",
         "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching",
         "--seed", "0",
-        # Eager: torch.compile's warm-up is ~20 s of each start, for a model this small no faster.
-        "--enforce-eager",
     ]  # fmt: skip
     if use_fast is not None:
         command += ["--mm-processor-kwargs", json.dumps({"use_fast": use_fast})]
@@ -110,15 +129,9 @@ def vllm_server(
             "ec_connector_extra_config": {"shared_storage_path": str(ec_storage)},
         }
         command += ["--ec-transfer-config", json.dumps(transfer)]
-    env = {
-        **os.environ,
-        "VLLM_TARGET_DEVICE": "cpu",
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "VLLM_LOGGING_LEVEL": "INFO",
-        # The engine core in the API server's process instead of a spawned one: a start takes ~14 s
-        # instead of ~30 s here (each process imports vLLM and torch), for the same answers.
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-    }
+    # The recipe's environment: the CPU platform, a KV cache of a fixed size, and the engine core in the
+    # API server's process (a start takes ~14 s instead of ~30 s here, for the same answers).
+    env = {**os.environ, **recipe_env, "VLLM_LOGGING_LEVEL": "INFO"}
     env.pop("CUDA_VISIBLE_DEVICES", None)
     with log.open("wb") as sink:
         process = subprocess.Popen(

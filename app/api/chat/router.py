@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from starlette.background import BackgroundTask
 from starlette.responses import Response, StreamingResponse
 
@@ -20,10 +20,12 @@ from mmencode.app.api.chat.service import ChatOutcome
 from mmencode.app.api.deps import ChatServiceDep, MetricsDep
 from mmencode.app.http.cancellation import cancel_on_disconnect
 from mmencode.app.http.context import context_of
-from mmencode.app.http.errors import RouteNotFound
+from mmencode.app.http.errors import RouteNotFound, locate_errors_as
 from mmencode.app.http.openapi import ERROR_RESPONSES
 
-router = APIRouter(tags=["openai"])
+# The router's locator names the messages as a whole; a parsed request's own names each image part by its
+# place in `messages` (ChatItemLocator.of), set as soon as the request is read.
+router = APIRouter(tags=["openai"], dependencies=[Depends(locate_errors_as(ChatItemLocator("messages", "{path}")))])
 
 _REQUEST_BODY: dict[str, Any] = {
     "requestBody": {

@@ -14,7 +14,7 @@ from mmencode.models.registry import supported_model_types
 from mmencode.models.tiny import FAMILIES
 from tests.families import COVERED_BY_AUDIO_TESTS, COVERED_BY_EQUIVALENCE, family_params
 
-README = Path(__file__).resolve().parents[3] / "README.md"
+README = Path(__file__).resolve().parents[3] / "docs" / "models.md"
 
 
 def test_every_catalog_entry_names_an_adapter_and_a_way_to_build_it_tiny() -> None:

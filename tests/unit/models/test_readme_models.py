@@ -9,7 +9,7 @@ from pathlib import Path
 from mmencode.app.cli import build_parser
 from mmencode.models.registry import supported_families, supported_model_types
 
-README = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+README = (Path(__file__).resolve().parents[3] / "docs" / "models.md").read_text()
 SECTION = README.split("## Serving a real model", 1)[1].split("\n## ", 1)[0]
 
 

@@ -123,3 +123,15 @@ def test_kimi_repo_layout_with_the_projector_norm_at_top_level_loads_the_same(
         rows.append(adapter.forward([adapter.preprocess(image)]).rows)
     assert torch.equal(rows[0], rows[1])
     assert json.loads((repo / "config.json").read_text())["model_type"] == "kimi_k25"
+
+
+def test_without_torchvision_the_pil_fallback_is_said_loudly_naming_whose_answers_differ(
+    without_torchvision: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    from mmencode.models.processor_backend import resolve_backend
+
+    with caplog.at_level("WARNING", logger="mmencode.models"):
+        assert resolve_backend("auto") == "pil"
+    [record] = caplog.records
+    assert record.levelname == "WARNING" and "vLLM's and SGLang's" in record.getMessage()
+    assert "pip install" in record.getMessage()
