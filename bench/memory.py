@@ -10,7 +10,9 @@ allocator settings included), driven on loopback by ``--concurrency`` clients:
 - ``mixed``: fresh images (45 %), repeats of earlier ones (15 %), ``{"hash": ...}`` reuse (10 %),
   hostile inputs (15 %) and clients that hang up mid-request (15 %);
 - ``video``: every request a short clip never sent before (mp4, 8 frames), so decoded frames wait for
-  the encoder beside each other.
+  the encoder beside each other;
+- ``repeats``, ``hostile``, ``hang-ups``: one of the mixed traffic's kinds alone (cache hits of 64 images;
+  bad inputs; clients that give up mid-request).
 
 The first ``--warmup`` requests (fresh images) fill the process's working set; RSS then is the baseline.
 Every ``--sample-every`` seconds: requests answered, RSS, and the gauges. The report says where RSS ended
@@ -100,6 +102,14 @@ class Traffic:
             return "fresh", {"items": [{"image": self.fresh_image()}]}
         if self.kind == "video":
             return "video", {"items": [{"video": self.fresh_video(), "fps": 2}]}
+        if self.kind == "repeats":
+            if len(self.sent) < 64:
+                return "fresh", {"items": [{"image": self.fresh_image()}]}
+            return "repeat", {"items": [{"image": self.rng.choice(self.sent)}]}
+        if self.kind == "hostile":
+            return "hostile", self.rng.choice(HOSTILE)
+        if self.kind == "hang-ups":
+            return "hang-up", {"items": [{"image": self.fresh_image()}]}
         roll = self.rng.random()
         if roll < 0.15 and self.sent:
             return "repeat", {"items": [{"image": self.rng.choice(self.sent)}]}
@@ -227,7 +237,9 @@ def _size(text: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--traffic", choices=["fresh", "mixed", "video"], default="mixed")
+    parser.add_argument(
+        "--traffic", choices=["fresh", "mixed", "video", "repeats", "hostile", "hang-ups"], default="mixed"
+    )
     parser.add_argument("--duration", type=float, default=600.0, help="seconds of traffic after the warm-up")
     parser.add_argument("--requests", type=int, default=10**9, help="stop after this many requests")
     parser.add_argument("--warmup", type=int, default=300, help="fresh requests before the baseline is read")
