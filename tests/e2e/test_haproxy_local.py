@@ -14,11 +14,10 @@ import pytest
 import yaml
 
 from mmencode.schemas.errors import ErrorResponse
-from tests.helpers import Replica, data_uri, free_port, haproxy_serving, noise_image
+from tests.helpers import Replica, data_uri, docs_text, free_port, haproxy_serving, noise_image
 
 ROOT = Path(__file__).resolve().parents[2]
 HAPROXY = ROOT / "deploy" / "haproxy"
-README = ROOT / "README.md"
 
 
 def _directives(path: Path) -> list[str]:
@@ -35,12 +34,12 @@ def test_the_policy_listens_on_loopback_unless_told_otherwise() -> None:
     assert any(m.startswith("./deploy/haproxy/errors:/usr/local/etc/haproxy/errors") for m in mounts)
 
 
-def test_the_readme_gives_the_haproxy_line_for_bare_replicas() -> None:
-    text = README.read_text()
+def test_the_docs_give_the_haproxy_line_for_bare_replicas() -> None:
+    text = docs_text()
     assert "haproxy -f deploy/haproxy/haproxy.cfg -f deploy/haproxy/replicas-local.cfg" in text
     servers = [d.split()[-1] for d in _directives(HAPROXY / "replicas-local.cfg") if d.startswith("server ")]
     assert servers == ["127.0.0.1:8001", "127.0.0.1:8002"]
-    for address in servers:  # the README's replicas are the ones the list names
+    for address in servers:  # the docs' replicas are the ones the list names
         assert f"--port {address.rsplit(':', 1)[1]}" in text
 
 

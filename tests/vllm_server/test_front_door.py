@@ -117,11 +117,16 @@ GREEDY: dict[str, Any] = {
 }
 
 
-def greedy_tokens(url: str, *images: Any) -> list[str]:
+def greedy_answer(url: str, *images: Any) -> tuple[list[str], list[float]]:
+    """The greedy tokens (as ids) and the logprob of each."""
     answer = client(url).chat.completions.create(messages=messages(*images), logprobs=True, **GREEDY)
     content = answer.choices[0].logprobs.content
     assert content is not None
-    return [entry.token for entry in content]
+    return [entry.token for entry in content], [entry.logprob for entry in content]
+
+
+def greedy_tokens(url: str, *images: Any) -> list[str]:
+    return greedy_answer(url, *images)[0]
 
 
 def greedy_text(url: str, *images: Any) -> str:
@@ -153,12 +158,15 @@ def received(*servers: VllmServer) -> float:
 
 @pytest.mark.parametrize("images", [(WIDE,), (WIDE, TALL)], ids=["one-image", "two-images"])
 def test_same_greedy_tokens_as_vllm_with_the_images(upstreams: Upstreams, door: LiveServer, images: tuple) -> None:
-    direct = greedy_tokens(upstreams.a.url, *images)
-    through_door = greedy_tokens(door.url, *images)
+    direct, direct_logprobs = greedy_answer(upstreams.a.url, *images)
+    through_door, door_logprobs = greedy_answer(door.url, *images)
     assert through_door == direct
-    # The images decide the answer here, so the comparison above could fail.
-    flipped = tuple(ImageOps.mirror(image) for image in images)
-    assert greedy_tokens(door.url, *flipped) != direct
+    assert max(abs(a - b) for a, b in zip(door_logprobs, direct_logprobs, strict=True)) < 1e-4
+    # The images decide the answer here, so the comparisons above could fail: flipped images move it (the
+    # tiny model's greedy tokens may stay the same; their logprobs do not).
+    flipped, flipped_logprobs = greedy_answer(door.url, *(ImageOps.mirror(image) for image in images))
+    moved = max(abs(a - b) for a, b in zip(flipped_logprobs, direct_logprobs, strict=True))
+    assert flipped != direct or moved > 1e-2, f"flipped images moved the answer by only {moved}"
 
 
 def test_streaming_yields_the_same_text(upstreams: Upstreams, door: LiveServer) -> None:
