@@ -85,7 +85,14 @@ def create_app(settings: Settings) -> FastAPI:
     # One service per API; routes parse, call one of them, render.
     memo = ResponseMemo(settings.response_memo_bytes)
     metrics.response_memo_bytes.set_function(lambda: float(memo.nbytes))
-    encode_service = EncodeService(engine, memo=memo, ec_writer=ec_writer, executor=engine.io_executor)
+    encode_service = EncodeService(
+        engine,
+        memo=memo,
+        ec_writer=ec_writer,
+        pusher=pusher,
+        push_consumers=settings.ec_push_consumers,
+        executor=engine.io_executor,
+    )
     embeddings_service = EmbeddingsService(
         engine, upstream_models=front_door.pool.models if front_door is not None else None
     )
