@@ -234,7 +234,17 @@ def chat(
 
     ``use_fast``: a request's own ``mm_processor_kwargs`` (needs ``--trust-request-mm-kwargs``). vLLM
     hashes them into the item's hash, so such a request never finds a connector file by its uuid."""
-    body = {
+    body = greedy_body(image_part, max_tokens=max_tokens)
+    if use_fast is not None:
+        body["mm_processor_kwargs"] = {"use_fast": use_fast}
+    if not server.alive():
+        raise RuntimeError(f"vLLM is not running:\n{server.log_tail()}")
+    return answer_of(post_chat(server, body))
+
+
+def greedy_body(image_part: dict[str, Any], *, max_tokens: int = 16) -> dict[str, Any]:
+    """:func:`chat`'s request: greedy, the whole length, top-5 logprobs, tokens as ids."""
+    return {
         "model": SERVED_NAME,
         "messages": [{"role": "user", "content": [image_part, {"type": "text", "text": PROMPT}]}],
         "max_tokens": max_tokens,
@@ -245,13 +255,12 @@ def chat(
         "ignore_eos": True,
         "return_tokens_as_token_ids": True,
     }
-    if use_fast is not None:
-        body["mm_processor_kwargs"] = {"use_fast": use_fast}
-    if not server.alive():
-        raise RuntimeError(f"vLLM is not running:\n{server.log_tail()}")
-    response = post_chat(server, body)
+
+
+def answer_of(response: httpx.Response) -> Answer:
+    """The greedy tokens and top-5 logprobs of a chat completion (from vLLM, or through mmencode's door)."""
     if response.status_code != 200:
-        raise AssertionError(f"vLLM answered {response.status_code}: {response.text[:2000]}")
+        raise AssertionError(f"answered {response.status_code}: {response.text[:2000]}")
     content = response.json()["choices"][0]["logprobs"]["content"]
     tokens = [_token_id(entry["token"]) for entry in content]
     top = [{_token_id(t["token"]): t["logprob"] for t in entry["top_logprobs"]} for entry in content]
