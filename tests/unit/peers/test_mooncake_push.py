@@ -36,8 +36,10 @@ def consumer(shared_consumer: FakeConsumer) -> FakeConsumer:
 
 
 @pytest.fixture(scope="module")
-def transfer() -> MooncakeTransfer:
-    return MooncakeTransfer("127.0.0.1", "tcp")
+def transfer() -> Iterator[MooncakeTransfer]:
+    engine = MooncakeTransfer("127.0.0.1", "tcp")
+    yield engine
+    engine.close()
 
 
 @pytest.fixture
@@ -51,7 +53,9 @@ async def pusher(consumer: FakeConsumer, transfer: MooncakeTransfer) -> AsyncIte
         executor=ThreadPoolExecutor(max_workers=2),
     )
     yield push
-    await push.aclose()
+    # Not aclose(), which stops the engine the module's pushers share: the cancels, then the sockets.
+    await _settled(push)
+    push.control.close()
 
 
 def _transfers(*rows: torch.Tensor) -> list[Transfer]:

@@ -24,6 +24,7 @@ would be written over another item's rows.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -148,11 +149,13 @@ class MooncakePusher:
         self._cancel_later(list(receipt.reservations), [])
 
     async def aclose(self) -> None:
-        """Let the cancels under way finish (each bounded), then close the control sockets."""
+        """Let the cancels under way finish (each bounded), then close the control sockets and the engine."""
         if self._cleanups:
             await asyncio.gather(*self._cleanups, return_exceptions=True)
         self.control.close()
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        # No write may outlive the engine: wait for those under way (off the loop).
+        await asyncio.to_thread(functools.partial(self._executor.shutdown, wait=True, cancel_futures=True))
+        self.transfer.close()
 
     # ----- the steps -----
     async def _push(self, consumer: str, transfers: Sequence[Transfer], dtype: torch.dtype, attempt: _Attempt) -> int:

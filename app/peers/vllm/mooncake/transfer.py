@@ -88,6 +88,15 @@ class MooncakeTransfer:
         if status != 0:
             raise RuntimeError(f"Mooncake's write of {sum(lengths)} bytes to {session} failed (status {status})")
 
+    def close(self) -> None:
+        """Stop the engine: its ports close (a later push starts it again)."""
+        with self._lock:
+            engine, self._engine = self._engine, None
+            if engine is not None and self._registered:
+                engine.batch_unregister_memory(list(self._registered))
+            self._registered.clear()
+        del engine  # the binding's destructor stops its threads and closes its ports
+
     def _register(self, addresses: list[int], lengths: list[int]) -> None:
         with self._lock:
             new = [(a, n) for a, n in dict(zip(addresses, lengths, strict=True)).items() if a not in self._registered]
