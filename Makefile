@@ -13,7 +13,7 @@ TORCH_INDEX ?=
 CPU_TORCH_INDEX := https://download.pytorch.org/whl/cpu
 TORCH_PAIR := "torch==$(TORCH_VERSION)" "torchvision==$(TORCHVISION_VERSION)"
 
-.PHONY: serve test test-fast test-in-process test-servers lint peers vllm-env sglang-env plain-env gpu-wheels environments system-deps
+.PHONY: serve test test-fast test-in-process test-servers lint peers vllm-env vllm-overlay sglang-env plain-env gpu-wheels environments system-deps
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -79,6 +79,26 @@ $(VLLM_VENV)/.installed: tests/vllm_server/requirements.txt tests/vllm_server/sh
 	touch $@
 
 vllm-env: $(VLLM_VENV)/.installed
+
+# A .venv-vllm built before a line was added to its requirements (a worktree's link to another checkout's
+# environment, say): the packages it lacks, in a venv layered on it (a .pth names its site-packages), for
+# MMENCODE_VLLM_VENV=$(VLLM_OVERLAY) to point the tests at. Only what `vllm-overlay` installs is new.
+VLLM_OVERLAY ?= .venv-vllm-overlay
+VLLM_OVERLAY_PACKAGES ?= mooncake-transfer-engine-non-cuda
+
+$(VLLM_OVERLAY)/.installed: tests/vllm_server/requirements.txt
+	rm -rf $(VLLM_OVERLAY)
+	$(VLLM_VENV)/bin/python -m venv --without-pip $(VLLM_OVERLAY)
+	$(VLLM_VENV)/bin/python -c 'import site; print(site.getsitepackages()[0])' \
+		> "$$($(VLLM_OVERLAY)/bin/python -c 'import site; print(site.getsitepackages()[0])')/vllm-base.pth"
+	$(VLLM_VENV)/bin/pip install --quiet --no-deps \
+		--target "$$($(VLLM_OVERLAY)/bin/python -c 'import site; print(site.getsitepackages()[0])')" \
+		$$(for name in $(VLLM_OVERLAY_PACKAGES); do grep -i "^$$name==" tests/vllm_server/requirements.txt; done)
+	sed "1s|.*|#!$(CURDIR)/$(VLLM_OVERLAY)/bin/python|" $(VLLM_VENV)/bin/vllm > $(VLLM_OVERLAY)/bin/vllm
+	chmod +x $(VLLM_OVERLAY)/bin/vllm
+	touch $@
+
+vllm-overlay: $(VLLM_OVERLAY)/.installed
 
 # SGLang itself, served on loopback by tests/sglang_server: SGLang 0.5.23 on the local CPU torch, every package
 # pinned and installed with --no-deps, then the shims SGLang needs on a CPU (tests/sglang_server/shims.py says

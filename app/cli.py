@@ -259,6 +259,7 @@ def serve(settings: Settings) -> int:
 
     from mmencode.app.engine.engine import DRAIN_GRACE_S, Phase
     from mmencode.app.engine.threads import SerialTorchThreadPool
+    from mmencode.app.peers.vllm.mooncake.transfer import MooncakeUnavailable
     from mmencode.app.server import create_app
     from mmencode.models import CheckpointError, check_checkpoint
 
@@ -277,7 +278,11 @@ def serve(settings: Settings) -> int:
     # seconds, forever. What matters of them is logged by mmencode once (an upstream leaving or joining
     # the rotation; the access line of each forwarded request), so httpx speaks only of its warnings.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
-    app = create_app(settings)
+    try:
+        app = create_app(settings)
+    except MooncakeUnavailable as exc:
+        print(f"mmencode: error: {exc}", file=sys.stderr)
+        return 2
     engine = app.state.engine
 
     class DrainingServer(uvicorn.Server):

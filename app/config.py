@@ -14,7 +14,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from mmencode.app.suggest import did_you_mean
 
-__all__ = ["SECURITY_SETTINGS", "Settings", "misspelt_security_settings", "unknown_environment"]
+__all__ = ["SECURITY_SETTINGS", "Settings", "consumer_address", "misspelt_security_settings", "unknown_environment"]
 
 MiB = 1024 * 1024
 
@@ -210,6 +210,37 @@ class Settings(BaseSettings):
         "CPU, bfloat16 on CUDA). Set the consumer's model dtype: vLLM reads any dtype and converts the rows "
         "to its own without a word, so a narrower file silently gives it rounded rows.",
     )
+    ec_push_consumers: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="vLLM ECMooncakeConnector consumers /v1/encode may push rows to (its ec_transfer_params."
+        "consumer_zmq), host:port each, comma-separated; * allows any (only where every client is trusted: "
+        "mmencode then connects and writes wherever a request says). Needs the mooncake extra.",
+    )
+    mooncake_protocol: Literal["tcp", "rdma"] = Field(
+        default="tcp",
+        description="Mooncake's transport for pushes: tcp, or rdma (InfiniBand/RoCE; the consumers' "
+        "mooncake_protocol must be the same).",
+    )
+    mooncake_hostname: str | None = Field(
+        default=None,
+        description="The address this host's Mooncake transfer engine announces; unset: the local address of "
+        "the route to the first consumer (127.0.0.1 on one machine).",
+    )
+    mooncake_device: str = Field(
+        default="",
+        description="RDMA devices for Mooncake (mlx5_0,mlx5_1); empty: Mooncake picks them. Unused over tcp.",
+    )
+    mooncake_push_timeout: float = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds one push may take, from the first reservation to the last completion; past it the "
+        "push is cancelled and the request answers 503 ec_push_failed.",
+    )
+    mooncake_control_timeout: float = Field(
+        default=5.0,
+        gt=0,
+        description="Seconds a consumer may take to answer one control request (reserve, complete, cancel).",
+    )
     sglang_dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         default="auto",
         description="Dtype of the embeddings pushed to SGLang; auto: the encoder's compute dtype (float32 on CPU, "
@@ -239,11 +270,18 @@ class Settings(BaseSettings):
         "/v1/chat/completions, which encodes the images here and forwards their rows; repeat the flag or "
         "comma-separate (http://a:8000,http://b:8000). Unset: no front door.",
     )
-    upstream_transport: Literal["embeds", "ec"] = Field(
+    upstream_transport: Literal["embeds", "ec", "mooncake"] = Field(
         default="embeds",
         description="How the rows reach the upstreams: embeds, inside the request as image_embeds parts; ec, "
         "as vLLM encoder-cache connector files (needs --ec-shared-storage, shared with the upstreams' "
-        "ECExampleConnector consumer), the request carrying metadata only.",
+        "ECExampleConnector consumer); mooncake, pushed into each upstream's ECMooncakeConnector consumer "
+        "(needs --upstream-ec-control and the mooncake extra). With ec and mooncake the request carries "
+        "metadata only.",
+    )
+    upstream_ec_control: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="With --upstream-transport mooncake: each upstream's ECMooncakeConnector control address, "
+        "host:port (its ec_transfer_config's ec_ip and ec_port), one per --upstream, in the same order.",
     )
     upstream_dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         default="auto",
@@ -283,7 +321,15 @@ class Settings(BaseSettings):
         "it would leave the service without the keys or TLS it names.",
     )
 
-    @field_validator("allowed_url_hosts", "api_key", "upstream", "sglang_register_url", mode="before")
+    @field_validator(
+        "allowed_url_hosts",
+        "api_key",
+        "upstream",
+        "sglang_register_url",
+        "upstream_ec_control",
+        "ec_push_consumers",
+        mode="before",
+    )
     @classmethod
     def _comma_separated(cls, value: Any) -> Any:
         """``a,b`` from a flag or the environment; a JSON list is accepted too."""
@@ -325,6 +371,21 @@ class Settings(BaseSettings):
                 urls.append(url)
         return urls
 
+    @field_validator("upstream_ec_control")
+    @classmethod
+    def _control_addresses(cls, value: list[str]) -> list[str]:
+        return [consumer_address(address) for address in value]
+
+    @field_validator("ec_push_consumers")
+    @classmethod
+    def _push_consumers(cls, value: list[str]) -> list[str]:
+        return [address if address == "*" else consumer_address(address) for address in value]
+
+    @property
+    def mooncake(self) -> bool:
+        """Whether this server pushes rows with Mooncake (the front door's transport, or /v1/encode's)."""
+        return self.upstream_transport == "mooncake" or bool(self.ec_push_consumers)
+
     @field_validator("shared_cache")
     @classmethod
     def _redis_url(cls, value: str | None) -> str | None:
@@ -351,9 +412,26 @@ class Settings(BaseSettings):
             raise ValueError(
                 "upstream_transport ec needs ec_shared_storage: the directory the upstreams' ECExampleConnector reads"
             )
+        if self.upstream_transport == "mooncake" and len(self.upstream_ec_control) != len(self.upstream):
+            raise ValueError(
+                f"upstream_transport mooncake needs one upstream_ec_control address per upstream, in the same "
+                f"order: {len(self.upstream)} upstreams, {len(self.upstream_ec_control)} control addresses"
+            )
+        if self.upstream_ec_control and self.upstream_transport != "mooncake":
+            raise ValueError("upstream_ec_control is the mooncake transport's: set upstream_transport mooncake")
         if self.api_key_file is not None and not self.api_keys():
             raise ValueError(f"api_key_file {self.api_key_file} holds no key")
         return self
+
+
+def consumer_address(address: str) -> str:
+    """A consumer's control address, ``host:port`` or ``tcp://host:port``, as ZMQ's ``tcp://host:port``."""
+    text = address.strip()
+    rest = text.removeprefix("tcp://")
+    host, _, port = rest.rpartition(":")
+    if not host or "/" in rest or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{address!r} is not a consumer control address (host:port or tcp://host:port)")
+    return f"tcp://{host}:{int(port)}"
 
 
 # What Kubernetes injects for a Service named "mmencode" (service links): not settings, not typos.

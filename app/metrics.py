@@ -105,6 +105,24 @@ class Metrics:
             ["kind", "result"], registry=r,
         )  # fmt: skip
 
+        # Pushes into vLLM ECMooncakeConnector consumers (the front door's mooncake transport, /v1/encode's
+        # ec_transfer_params).
+        self.mooncake_pushes = Counter(
+            "mmencode_mooncake_pushes",
+            "Pushes of rows into a vLLM ECMooncakeConnector consumer, by result: ok (reserved, written, completed), "
+            "refused (the consumer said no: a full pool, a lost reservation), failed (no answer, a failed write, "
+            "past --mooncake-push-timeout), cancelled (the client left). All but ok cancel what they reserved.",
+            ["result"], registry=r,
+        )  # fmt: skip
+        self.mooncake_push_bytes = Counter(
+            "mmencode_mooncake_push_bytes", "Bytes Mooncake wrote into consumers (every shard's copy).", registry=r
+        )
+        self.mooncake_push_seconds = Histogram(
+            "mmencode_mooncake_push_seconds",
+            "Time of a push that completed: from the first reservation to the last completion.",
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+
         # The chat front door (app/frontdoor): per stage, and per upstream.
         self.chat_stage_seconds = Histogram(
             "mmencode_chat_stage_seconds",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
@@ -32,6 +33,7 @@ from mmencode.app.api.sglang import router as sglang
 from mmencode.app.config import Settings
 from mmencode.app.engine.cache import ResponseMemo
 from mmencode.app.engine.engine import Engine, resolve_device, resolve_dtype
+from mmencode.app.engine.threads import SerialTorchThreadPool
 from mmencode.app.http.auth import ApiKeyMiddleware, is_protected
 from mmencode.app.http.body_limit import BodyLimitMiddleware
 from mmencode.app.http.errors import install_error_handlers
@@ -42,8 +44,13 @@ from mmencode.app.peers.sglang.bridge import SGLangEncoderBridge
 from mmencode.app.peers.sglang.registration import EncoderRegistration
 from mmencode.app.peers.sglang.sampling import SGLANG_FRAMES
 from mmencode.app.peers.vllm.ec_writer import EncoderCacheWriter
+from mmencode.app.peers.vllm.mooncake.control import ControlChannel
+from mmencode.app.peers.vllm.mooncake.push import MooncakePusher
+from mmencode.app.peers.vllm.mooncake.transfer import MooncakeTransfer, local_address_towards, require_mooncake
 
 __all__ = ["create_app"]
+
+logger = logging.getLogger("mmencode.mooncake")
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -63,6 +70,8 @@ def create_app(settings: Settings) -> FastAPI:
         push_timeout_s=settings.sglang_push_timeout,
         metrics=metrics,
     )
+    # vLLM's ECMooncakeConnector: rows pushed into consumers (opt-in; Mooncake is imported only then).
+    pusher = _mooncake_pusher(settings, metrics) if settings.mooncake else None
     front_door = FrontDoor.build(settings, metrics) if settings.upstream else None
     # Announced to SGLang language servers once the model is ready; withdrawn when the engine drains.
     registration = (
@@ -76,12 +85,19 @@ def create_app(settings: Settings) -> FastAPI:
     # One service per API; routes parse, call one of them, render.
     memo = ResponseMemo(settings.response_memo_bytes)
     metrics.response_memo_bytes.set_function(lambda: float(memo.nbytes))
-    encode_service = EncodeService(engine, memo=memo, ec_writer=ec_writer, executor=engine.io_executor)
+    encode_service = EncodeService(
+        engine,
+        memo=memo,
+        ec_writer=ec_writer,
+        pusher=pusher,
+        push_consumers=settings.ec_push_consumers,
+        executor=engine.io_executor,
+    )
     embeddings_service = EmbeddingsService(
         engine, upstream_models=front_door.pool.models if front_door is not None else None
     )
     chat_service = (
-        ChatService.start(engine, front_door, metrics, settings=settings, ec_writer=ec_writer)
+        ChatService.start(engine, front_door, metrics, settings=settings, ec_writer=ec_writer, pusher=pusher)
         if front_door is not None
         else None
     )
@@ -97,6 +113,9 @@ def create_app(settings: Settings) -> FastAPI:
         loading = asyncio.create_task(start(), name="mmencode-load")
         if front_door is not None:
             front_door.pool.start()
+        if pusher is not None:
+            # Its ports open now, and a transfer engine that cannot start says so in the log at once.
+            mooncake = asyncio.create_task(_start_transfer(pusher), name="mmencode-mooncake-start")
         try:
             yield
         finally:
@@ -109,6 +128,9 @@ def create_app(settings: Settings) -> FastAPI:
                 await registration.aclose()
             if front_door is not None:
                 await front_door.aclose()
+            if pusher is not None:
+                await mooncake
+                await pusher.aclose()
             await sglang_bridge.aclose()
             await engine.fetcher.aclose()
 
@@ -128,6 +150,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.embeddings_service = embeddings_service
     app.state.chat_service = chat_service
     app.state.sglang_bridge = sglang_bridge
+    app.state.mooncake_pusher = pusher
     # Outermost last: the request context wraps everything, the body limit sits inside it.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, metrics=metrics)
     api_keys = settings.api_keys()
@@ -141,6 +164,33 @@ def create_app(settings: Settings) -> FastAPI:
         app.include_router(router)
     install_openapi(app, routers, bearer_protected=is_protected if api_keys else None)
     return app
+
+
+def _mooncake_pusher(settings: Settings, metrics: Metrics) -> MooncakePusher:
+    """The pusher into ECMooncakeConnector consumers; raises MooncakeUnavailable, naming the extra, at start."""
+    require_mooncake()
+    consumers = settings.upstream_ec_control or [c for c in settings.ec_push_consumers if c != "*"]
+    hostname = settings.mooncake_hostname
+    if hostname is None:
+        first = consumers[0].removeprefix("tcp://").rsplit(":", 1)[0] if consumers else "127.0.0.1"
+        hostname = local_address_towards(first)
+    return MooncakePusher(
+        MooncakeTransfer(hostname, settings.mooncake_protocol, settings.mooncake_device),
+        ControlChannel(settings.mooncake_control_timeout),
+        metrics,
+        timeout_s=settings.mooncake_push_timeout,
+        # Its own threads: a write blocks one for as long as the bytes take, which must not hold up the I/O pool.
+        executor=SerialTorchThreadPool(max_workers=4, thread_name_prefix="mmencode-mooncake"),
+    )
+
+
+async def _start_transfer(pusher: MooncakePusher) -> None:
+    try:
+        await asyncio.to_thread(pusher.transfer.start)
+    except Exception:
+        logger.exception("Mooncake's transfer engine did not start; every push will fail until it does")
+    else:
+        logger.info("Mooncake transfer engine at %s (%s)", pusher.transfer.session, pusher.transfer.protocol)
 
 
 def _ec_dtype(settings: Settings) -> str:

@@ -173,6 +173,32 @@ class EncodeItem(BaseModel):
         return self
 
 
+class EcTransferItem(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    transfer_id: str = Field(
+        min_length=1,
+        max_length=256,
+        description="The id this item's push goes under, as the chat request to the consumer will name it.",
+    )
+
+
+class EcTransferParams(BaseModel):
+    """Where to push the rows: a vLLM ``ECMooncakeConnector`` consumer, as vLLM's own proxy tells its encoder."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    consumer_zmq: str = Field(
+        min_length=1,
+        description="The consumer's control address, `tcp://host:port` (its ec_transfer_config's `ec_ip` and "
+        "`ec_port`); one the server allows (`--ec-push-consumers`).",
+    )
+    ec_items: list[EcTransferItem] | None = Field(
+        default=None,
+        description="One per item, in order: each item's `transfer_id`, unique. Unset: the server makes them.",
+    )
+
+
 class EncodeOptions(BaseModel):
     """Everything but the items: the JSON body's other fields, or a multipart upload's text fields."""
 
@@ -201,6 +227,12 @@ class EncodeOptions(BaseModel):
     )
     dtype: EmbeddingDType = "float32"
     pooling: Literal["none", "mean"] = Field(default="none", description="`mean`: one row per item, the mean.")
+    ec_transfer_params: EcTransferParams | None = Field(
+        default=None,
+        description="Push every item's rows (in `dtype`: the consumer's model dtype) into this vLLM "
+        "ECMooncakeConnector consumer before answering. The answer then carries no rows (`embedding: null`) and "
+        "gives the `ec_transfer_params` for the chat request; 503 `ec_push_failed` when the push did not complete.",
+    )
 
     @model_validator(mode="after")
     def _npy_has_no_bfloat16(self) -> EncodeOptions:
@@ -209,9 +241,29 @@ class EncodeOptions(BaseModel):
             raise ValueError('`npy` carries float32 or float16; use "pt" for bfloat16')
         return self
 
+    @model_validator(mode="after")
+    def _pushes_whole_rows(self) -> EncodeOptions:
+        # A push carries every row and answers JSON without them: a pooled or binary answer would say otherwise.
+        if self.ec_transfer_params is not None:
+            if self.pooling != "none":
+                raise ValueError("`ec_transfer_params` pushes every row: it takes no `pooling`")
+            if self.encoding_format == "safetensors":
+                raise ValueError("`ec_transfer_params` answers JSON without rows: it takes no `safetensors` format")
+        return self
+
 
 class EncodeRequest(EncodeOptions):
     items: list[EncodeItem] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _one_transfer_per_item(self) -> EncodeRequest:
+        given = self.ec_transfer_params.ec_items if self.ec_transfer_params is not None else None
+        if given is not None:
+            if len(given) != len(self.items):
+                raise ValueError(f"`ec_transfer_params.ec_items` has {len(given)} entries for {len(self.items)} items")
+            if len({item.transfer_id for item in given}) != len(given):
+                raise ValueError("each `ec_transfer_params.ec_items[].transfer_id` names one item: make them unique")
+        return self
 
 
 class Embedding(BaseModel):
@@ -230,7 +282,9 @@ class EncodedItem(BaseModel):
     hash: str | None = Field(description="Content hash of the image on this model; null for precomputed items.")
     num_tokens: int = Field(description="Rows the language model reserves for this item.")
     metadata: dict[str, Any]
-    embedding: Embedding
+    embedding: Embedding | None = Field(
+        description="The rows; null when the request pushed them (`ec_transfer_params`)."
+    )
     ec_cache_path: str | None = Field(
         default=None,
         description="With --ec-shared-storage: the file vLLM's ECExampleConnector reads for this item "
@@ -247,8 +301,22 @@ class EncodeUsage(BaseModel):
     precomputed_items: int
 
 
+class PushedItem(BaseModel):
+    mm_hash: str = Field(description="The item's `hash`: vLLM's identifier for it (the chat part's `uuid`).")
+    transfer_id: str
+
+
+class PushedTransfers(BaseModel):
+    ec_items: list[PushedItem] = Field(description="One per item, in order.")
+
+
 class EncodeResponse(BaseModel):
     id: str
     model: str
     items: list[EncodedItem]
     usage: EncodeUsage
+    ec_transfer_params: PushedTransfers | None = Field(
+        default=None,
+        description="With a push: the chat request's `ec_transfer_params` for the consumer, every item's rows "
+        "already completed there.",
+    )

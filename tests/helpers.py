@@ -383,3 +383,193 @@ def mmencode_process(
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(timeout=30)
+
+
+class FakeConsumer:
+    """vLLM 0.32's ``ECMooncakeConnector`` consumer as the producer sees it, in process: one ZMQ REP control
+    socket per shard on loopback (``peers``, ``reserve``/``reserve_batch``, ``complete``/``complete_batch``,
+    ``cancel``, ``status``, the reply shapes of vLLM's ``control.py``) and a receive pool per shard registered
+    with a real Mooncake transfer engine, so a push's bytes really land. For tests without a vLLM:
+    ``tests/vllm_server/test_mooncake.py`` pushes into the real one.
+
+    Faults: ``refuse`` (a reserve's error text, as vLLM's "EC consumer buffer pool is full"), ``lose_on_complete``
+    (completion answers ``completed: false``, as for an expired or cancelled reservation), ``silent`` (no
+    answer at all, as a consumer that hangs). ``calls`` records every request, with its shard index.
+    """
+
+    def __init__(self, shards: int = 1, pool_bytes: int = 1 << 20) -> None:
+        try:
+            from mooncake.engine import TransferEngine
+        except ImportError as exc:  # the test extra's package, or the libraries it loads, missing
+            message = (
+                f"Mooncake's transfer engine does not import ({exc}): `make` installs the mooncake extra, "
+                "`make system-deps` the libraries it loads"
+            )
+            if os.environ.get("CI", "").lower() == "true":
+                pytest.fail(message)
+            pytest.skip(message)
+
+        os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")
+        self.engine = TransferEngine()
+        assert self.engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+        self.session = f"127.0.0.1:{self.engine.get_rpc_port()}"
+        self.pools = [torch.zeros(pool_bytes, dtype=torch.uint8) for _ in range(shards)]
+        for pool in self.pools:
+            assert self.engine.register_memory(pool.data_ptr(), pool.nbytes) == 0
+        self.used = [0] * shards
+        self.ports = [free_port() for _ in range(shards)]
+        self.reservations: dict[tuple[int, str], dict[str, Any]] = {}
+        self.calls: list[tuple[int, dict[str, Any]]] = []
+        self.refuse: str | None = None
+        self.lose_on_complete = False
+        self.silent = False
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._serve, args=(s,), daemon=True) for s in range(shards)]
+        for thread in self._threads:
+            thread.start()
+
+    @property
+    def control(self) -> str:
+        return f"tcp://127.0.0.1:{self.ports[0]}"
+
+    def rows(self, transfer_id: str, shard: int = 0) -> torch.Tensor:
+        """The bytes the pool holds for a reservation, as its dtype and shape."""
+        record = self.reservations[shard, transfer_id]
+        raw = self.pools[shard][record["offset"] : record["offset"] + record["nbytes"]]
+        return raw.view(getattr(torch, record["dtype"])).reshape(record["shape"]).clone()
+
+    def states(self, shard: int = 0) -> dict[str, str]:
+        with self._lock:
+            return {tid: r["state"] for (s, tid), r in self.reservations.items() if s == shard}
+
+    def reset(self) -> None:
+        """Empty pools, no reservations, no faults: as started (for a consumer shared by tests)."""
+        with self._lock:
+            self.reservations.clear()
+            self.calls.clear()
+            self.used = [0] * len(self.pools)
+            self.refuse, self.lose_on_complete, self.silent = None, False, False
+
+    def ops(self) -> list[str]:
+        return [payload["op"] for _, payload in self.calls]
+
+    def close(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        for pool in self.pools:
+            self.engine.unregister_memory(pool.data_ptr())
+
+    def __enter__(self) -> FakeConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _serve(self, shard: int) -> None:
+        import zmq
+
+        context = zmq.Context()
+        socket_ = context.socket(zmq.REP)
+        socket_.setsockopt(zmq.LINGER, 0)
+        socket_.bind(f"tcp://127.0.0.1:{self.ports[shard]}")
+        poller = zmq.Poller()
+        poller.register(socket_, zmq.POLLIN)
+        try:
+            while not self._stop.is_set():
+                if self.silent:  # a hung consumer: requests wait, unread
+                    time.sleep(0.05)
+                    continue
+                if not poller.poll(50):
+                    continue
+                request = socket_.recv_json()
+                assert isinstance(request, dict)
+                self.calls.append((shard, request))
+                try:
+                    reply = {"ok": True, "result": self._handle(shard, request)}
+                except Exception as exc:
+                    reply = {"ok": False, "error": str(exc)}
+                socket_.send_json(reply)
+        finally:
+            socket_.close(linger=0)
+            context.term()
+
+    def _handle(self, shard: int, request: dict[str, Any]) -> Any:
+        op = request["op"]
+        with self._lock:
+            if op == "peers":
+                return {"ports": self.ports}
+            if op in ("reserve", "reserve_batch"):
+                items = request["items"] if op == "reserve_batch" else [request]
+                answers = []
+                for item in items:
+                    try:
+                        answers.append({"ok": True, "result": self._reserve(shard, item)})
+                    except Exception as exc:
+                        answers.append({"ok": False, "error": str(exc)})
+                if op == "reserve_batch":
+                    return {"items": answers}
+                if not answers[0]["ok"]:
+                    raise RuntimeError(answers[0]["error"])
+                return answers[0]["result"]
+            if op in ("complete", "complete_batch"):
+                items = request["items"] if op == "complete_batch" else [request]
+                done = [self._complete(shard, item) for item in items]
+                return {"items": done} if op == "complete_batch" else done[0]
+            if op == "cancel":
+                record = self.reservations.get((shard, request["transfer_id"]))
+                if record is not None:
+                    record["state"] = "CANCELLED"
+                return {"cancelled": True}
+            if op == "status":
+                record = self.reservations.get((shard, request["transfer_id"]))
+                if record is None or record["state"] in ("CANCELLED", "EXPIRED"):
+                    return None
+                return {"mm_hash": record["mm_hash"], "ready": record["state"] == "READY"}
+            raise ValueError(f"unknown control op: {op!r}")
+
+    def _reserve(self, shard: int, item: dict[str, Any]) -> dict[str, Any]:
+        if self.refuse is not None:
+            raise RuntimeError(self.refuse)
+        dtype = getattr(torch, item["dtype"])
+        if int(np.prod(item["shape"])) * dtype.itemsize != item["nbytes"]:
+            raise ValueError("shape and dtype do not match nbytes")
+        held = [r for (s, _), r in self.reservations.items() if s == shard and r["mm_hash"] == item["mm_hash"]]
+        ready = next((r for r in held if r["state"] == "READY"), None)
+        writing = next((r for r in held if r["state"] == "WRITING" and not r["follows"]), None)
+        source = ready or writing
+        if source is None:
+            offset = self.used[shard]
+            if offset + item["nbytes"] > self.pools[shard].nbytes:
+                raise RuntimeError("EC consumer buffer pool is full")
+            self.used[shard] = offset + -(-item["nbytes"] // 64) * 64
+        else:
+            offset = source["offset"]
+        record = {
+            **item,
+            "state": "READY" if ready is not None else "WRITING",
+            "offset": offset,
+            "reservation_id": os.urandom(8).hex(),
+            "follows": writing["transfer_id"] if writing is not None and source is writing else None,
+        }
+        self.reservations[shard, item["transfer_id"]] = record
+        return {
+            "reservation_id": record["reservation_id"],
+            "dst_session": self.session,
+            "dst_ptr": self.pools[shard].data_ptr() + offset,
+            "nbytes": item["nbytes"],
+            "write": source is None,
+            "ready": ready is not None,
+            "cached": ready is not None,
+        }
+
+    def _complete(self, shard: int, item: dict[str, Any]) -> dict[str, bool]:
+        record = self.reservations.get((shard, item["transfer_id"]))
+        if self.lose_on_complete or record is None or record["reservation_id"] != item["reservation_id"]:
+            return {"completed": False, "became_ready": False}
+        record["state"] = "READY"
+        for follower in self.reservations.values():
+            if follower["follows"] == record["transfer_id"] and follower["state"] == "WRITING":
+                follower["state"] = "READY"
+        return {"completed": True, "became_ready": True}

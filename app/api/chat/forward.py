@@ -8,13 +8,18 @@ dead stream (vllm#54140). Once bytes have gone to the client, a failure can only
 Retried on another upstream: no connection, a connection lost before the first byte, and 502/503 (a
 server that is not taking work). Not retried: an answer's own error (a 4xx: the request is wrong
 everywhere), a 500, and a timeout (a busy server would only pass its load on).
+
+The body may be made per upstream (:data:`BodyFor`): the ``mooncake`` transport pushes the rows into the
+chosen upstream's own consumer first. A push that fails (:class:`NotSent`) moves on to the next upstream
+without sending anything; a prepared body whose attempt does not start an answer is released (its
+reservations cancelled), since nothing will ask for its rows.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,11 +31,31 @@ from mmencode.app.api.chat.upstreams import Upstream, UpstreamPool
 from mmencode.app.engine.errors import ServiceError
 from mmencode.app.metrics import Metrics
 
-__all__ = ["UpstreamAnswer", "UpstreamForwarder"]
+__all__ = ["BodyFor", "NotSent", "Prepared", "UpstreamAnswer", "UpstreamForwarder"]
 
 _RETRIED_STATUSES = frozenset({502, 503})
 # An upstream's error body is read whole up to this, for its message.
 _ERROR_BODY_BYTES = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """The bytes for one upstream, and what undoes their preparation when no answer starts."""
+
+    body: bytes
+    release: Callable[[], None] | None = None
+
+
+# The body for the upstream just chosen, made then (a Mooncake push goes to that upstream's consumer).
+BodyFor = Callable[[Upstream], Awaitable[Prepared]]
+
+
+class NotSent(Exception):
+    """The request could not be prepared for this upstream (its consumer refused the rows): try the next."""
+
+    def __init__(self, error: ServiceError) -> None:
+        super().__init__(error.message)
+        self.error = error
 
 
 @dataclass
@@ -71,17 +96,29 @@ class UpstreamForwarder:
         }
 
     async def open(
-        self, body: bytes, *, model: str | None, hashes: list[str], stream: bool, tried: list[str] | None = None
+        self,
+        body: bytes | BodyFor,
+        *,
+        model: str | None,
+        hashes: list[str],
+        stream: bool,
+        tried: list[str] | None = None,
     ) -> UpstreamAnswer:
         """The first upstream answer that starts well. ``tried``: each upstream asked is appended (its URL)."""
         asked: list[Upstream] = []
         failures: list[dict[str, Any]] = []
+        not_sent: list[ServiceError] = []
         while True:
             try:
                 upstream = self._pool.choose(model, hashes, exclude=asked)
             except ServiceError as exc:
                 if not failures:
                     raise
+                if len(not_sent) == len(failures):
+                    # Sent nowhere: the preparation's own error (a push's 503), with every attempt.
+                    error = not_sent[-1]
+                    error.details = {**(error.details or {}), "attempts": failures}
+                    raise error from exc
                 raise UpstreamFailed(
                     f"no upstream answered: {'; '.join(f['upstream'] + ': ' + f['error'] for f in failures)}",
                     details={"attempts": failures},
@@ -90,9 +127,20 @@ class UpstreamForwarder:
             if tried is not None:
                 tried.append(upstream.url)
             try:
-                return await self._attempt(upstream, body, stream=stream)
+                prepared = Prepared(body) if isinstance(body, bytes) else await body(upstream)
+            except NotSent as skipped:
+                not_sent.append(skipped.error)
+                failures.append({"upstream": upstream.url, "error": skipped.error.message})
+                continue
+            try:
+                return await self._attempt(upstream, prepared.body, stream=stream)
             except _Retry as retry:
                 failures.append({"upstream": upstream.url, "error": retry.reason})
+                _release(prepared)
+            except BaseException:
+                # No answer started (an error, a timeout, the client gone): nothing will take the rows.
+                _release(prepared)
+                raise
 
     async def _attempt(self, upstream: Upstream, body: bytes, *, stream: bool) -> UpstreamAnswer:
         stack = contextlib.AsyncExitStack()
@@ -159,6 +207,11 @@ class UpstreamForwarder:
             message,
             details={"upstream": upstream.url, "upstream_status": status, "upstream_error": parsed},
         )
+
+
+def _release(prepared: Prepared) -> None:
+    if prepared.release is not None:
+        prepared.release()
 
 
 class _Retry(Exception):

@@ -17,7 +17,7 @@ from mmencode.app.engine.errors import ItemLocation, ServiceError, UnsupportedPa
 from mmencode.app.http.locators import ErrorLocator
 from mmencode.app.http.validation import validation_error
 
-__all__ = ["ChatImage", "ChatItemLocator", "ChatRequest", "parse_chat"]
+__all__ = ["ChatImage", "ChatItemLocator", "ChatRequest", "media_parts_left", "parse_chat"]
 
 # Request fields that change how vLLM preprocesses an image: mmencode preprocesses with the server's own
 # settings, so a request that carries them would get rows made otherwise than it asked (vllm#56786).
@@ -68,6 +68,24 @@ def parse_chat(raw: bytes) -> ChatRequest:
     if images:
         _refuse_preprocessing_fields(body)
     return ChatRequest(body=body, model=model, stream=body.get("stream") is True, images=images)
+
+
+# vLLM's multimodal content parts other than the images the door encodes (image_url, input_image).
+_MEDIA_PART_TYPES = frozenset(
+    {"image_embeds", "image_pil", "video_url", "video_embeds", "input_audio", "audio_url", "audio_embeds"}
+)
+
+
+def media_parts_left(chat: ChatRequest) -> list[str]:
+    """Where the request holds media the door does not encode (they go upstream as they came)."""
+    found = []
+    for m, message in enumerate(chat.body["messages"]):
+        content = message.get("content")
+        if isinstance(content, list):
+            for p, part in enumerate(content):
+                if isinstance(part, dict) and part.get("type") in _MEDIA_PART_TYPES:
+                    found.append(f"messages[{m}].content[{p}]")
+    return found
 
 
 def _image_of(part: Any, where: str) -> ChatImage | None:

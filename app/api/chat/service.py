@@ -5,34 +5,41 @@ requests, limits, URL rules and errors), so a bad image is refused before any up
 request. Each image part is then replaced by the part the transport calls for
 (:mod:`app.peers.vllm.parts`); with the ``ec`` transport the connector files are written first,
 and a request whose files could not all be written is never sent (a part naming a missing file kills
-vLLM's engine).
+vLLM's engine). With the ``mooncake`` transport the rows are pushed into the chosen upstream's own
+consumer once it is chosen, and the request names each pushed item in ``ec_transfer_params``; one whose
+push did not complete is never sent (the consumer would wait for rows that never come, then fail it).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import orjson
+import torch
 
 from mmencode.app.api.chat.errors import EncoderCacheWriteFailed, UpstreamFailed
-from mmencode.app.api.chat.forward import UpstreamAnswer, UpstreamForwarder
+from mmencode.app.api.chat.forward import BodyFor, NotSent, Prepared, UpstreamAnswer, UpstreamForwarder
 from mmencode.app.api.chat.front_door import FrontDoor
-from mmencode.app.api.chat.request import ChatRequest
-from mmencode.app.api.chat.upstreams import UpstreamPool
+from mmencode.app.api.chat.request import ChatRequest, media_parts_left
+from mmencode.app.api.chat.upstreams import Upstream, UpstreamPool
 from mmencode.app.config import Settings
 from mmencode.app.engine.engine import Engine, EngineInfo
-from mmencode.app.engine.errors import ServiceError
+from mmencode.app.engine.errors import ServiceError, UnsupportedParameter
 from mmencode.app.engine.threads import in_executor
 from mmencode.app.engine.types import ImageItem, ItemResult
 from mmencode.app.http.errors import error_object
 from mmencode.app.metrics import Metrics
 from mmencode.app.peers.vllm.ec_writer import EncoderCacheWriter
 from mmencode.app.peers.vllm.families import EMBEDS_REFUSED
+from mmencode.app.peers.vllm.mooncake.errors import EncoderCachePushFailed
+from mmencode.app.peers.vllm.mooncake.push import MooncakePusher, Transfer
 from mmencode.app.peers.vllm.parts import ec_part, embeds_part
 from mmencode.app.wire.encodings import TORCH_DTYPES
 from mmencode.models import CheckpointError
@@ -41,7 +48,7 @@ __all__ = ["ChatOutcome", "ChatService", "ChatStream"]
 
 logger = logging.getLogger("mmencode.upstream")
 
-Transport = Literal["embeds", "ec"]
+Transport = Literal["embeds", "ec", "mooncake"]
 # Requests whose rows are past this are serialised on a thread: a 40 MB body must not stall the loop.
 _OFFLOAD_BYTES = 1 << 20
 
@@ -95,6 +102,7 @@ class ChatService:
         *,
         settings: Settings,
         ec_writer: EncoderCacheWriter | None,
+        pusher: MooncakePusher | None = None,
     ) -> ChatService:
         """The chat API's service, and its check of the loaded model: the front door's transport must be one
         vLLM takes this family's rows through, or the service does not start (a checkpoint error)."""
@@ -106,6 +114,9 @@ class ChatService:
             transport=settings.upstream_transport,
             dtype=settings.upstream_dtype,
             ec_writer=ec_writer,
+            pusher=pusher,
+            # --upstream-ec-control lists the consumers in --upstream's order.
+            consumers=dict(zip(settings.upstream, settings.upstream_ec_control, strict=False)),
             executor=engine.io_executor,
         )
         engine.startup_checks.append(service.check_transport)
@@ -121,6 +132,8 @@ class ChatService:
         transport: Transport,
         dtype: str,
         ec_writer: EncoderCacheWriter | None,
+        pusher: MooncakePusher | None = None,
+        consumers: Mapping[str, str] | None = None,
         executor: Executor | None = None,
     ) -> None:
         self._engine = engine
@@ -131,8 +144,13 @@ class ChatService:
         self._dtype = dtype  # "auto": the encoder's compute dtype
         self._ec_writer = ec_writer
         self._executor = executor
+        self._pusher = pusher
+        self._consumers = dict(consumers or {})  # upstream URL -> its consumer's control address
         if transport == "ec" and ec_writer is None:
             raise ValueError("the ec transport needs an encoder-cache writer (--ec-shared-storage)")
+        consumers_known = set(self._consumers) == {u.url for u in pool.upstreams}
+        if transport == "mooncake" and (pusher is None or not consumers_known):
+            raise ValueError("the mooncake transport needs a pusher and each upstream's --upstream-ec-control")
 
     @property
     def pool(self) -> UpstreamPool:
@@ -178,6 +196,8 @@ class ChatService:
         chat = self._aliased(chat)
         # Refuse a model no upstream serves, or none available, before spending the encoder on it.
         self._pool.require(chat.model)
+        if self._transport == "mooncake":
+            _check_pushable(chat)
         hashes: list[str] = []
         if chat.images:
             encode_started = time.perf_counter()
@@ -211,9 +231,12 @@ class ChatService:
                 )
         return results
 
-    async def _rewritten(self, chat: ChatRequest, results: list[ItemResult]) -> bytes:
-        """The request's JSON with each image part replaced by the transport's part."""
+    async def _rewritten(self, chat: ChatRequest, results: list[ItemResult]) -> bytes | BodyFor:
+        """The request's JSON with each image part replaced by the transport's part (for ``mooncake``, made
+        per upstream, once its push has completed)."""
         dtype = self._engine.info.dtype if self._dtype == "auto" else TORCH_DTYPES[self._dtype]
+        if self._transport == "mooncake":
+            return self._pushed(chat, results, dtype)
 
         def render() -> bytes:
             for image, result in zip(chat.images, results, strict=True):
@@ -224,6 +247,51 @@ class ChatService:
 
         large = self._transport == "embeds" and sum(r.rows.numel() for r in results) * 4 > _OFFLOAD_BYTES
         return await in_executor(self._executor, render) if large else render()
+
+    def _pushed(self, chat: ChatRequest, results: list[ItemResult], dtype: torch.dtype) -> BodyFor:
+        """A body per upstream: the rows pushed into its consumer, then the request with metadata-only
+        parts and ``ec_transfer_params`` naming each item's transfer (by ``mm_hash``, and by position)."""
+        pusher = self._pusher
+        assert pusher is not None
+        for image, result in zip(chat.images, results, strict=True):
+            part = ec_part(result, image.part)
+            image.part.clear()
+            image.part.update(part)
+        # One transfer per distinct item: the same image twice in a request is pushed once.
+        rows = {result.hash: result.rows for result in results if result.hash is not None}
+
+        async def for_upstream(upstream: Upstream) -> Prepared:
+            transfer_ids = {item_hash: f"mmencode-{uuid.uuid4().hex}" for item_hash in rows}
+            transfers = [Transfer(transfer_ids[h], h, item_rows) for h, item_rows in rows.items()]
+            try:
+                receipt = await pusher.push(self._consumers[upstream.url], transfers, dtype)
+            except EncoderCachePushFailed as exc:
+                raise NotSent(exc) from None
+            items = [{"mm_hash": r.hash, "transfer_id": transfer_ids[r.hash]} for r in results if r.hash is not None]
+            chat.body["ec_transfer_params"] = {"ec_items": items}
+            return Prepared(orjson.dumps(chat.body), functools.partial(pusher.release, receipt))
+
+        return for_upstream
+
+
+def _check_pushable(chat: ChatRequest) -> None:
+    """What the mooncake transport cannot forward: a consumer computes no item itself (it waits for a push
+    of every one, then fails the request), and ``ec_transfer_params`` is the door's to write."""
+    if "ec_transfer_params" in chat.body:
+        raise UnsupportedParameter(
+            "ec_transfer_params is written by the front door (the transfers of the rows it pushed); send the "
+            "request without it",
+            param="ec_transfer_params",
+        )
+    left = media_parts_left(chat)
+    if left:
+        raise UnsupportedParameter(
+            f"{', '.join(left)}: the mooncake transport forwards images only (image_url, input_image parts, which "
+            "it encodes and pushes); vLLM's ECMooncakeConnector consumer computes no item itself, so it would wait "
+            "for a push of this one and then fail the request. Send this item to an upstream without the connector",
+            param=left[0],
+            details={"parts": left},
+        )
 
 
 def _sse_error(error: ServiceError) -> bytes:

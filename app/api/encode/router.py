@@ -46,7 +46,10 @@ async def encode(request: Request, service: EncodeServiceDep, settings: Settings
 
 
 def _answer_media_type(options: EncodeOptions, accept: str | None) -> str:
-    """An explicit ``encoding_format`` decides; without one, ``Accept`` chooses JSON or safetensors."""
+    """An explicit ``encoding_format`` decides; without one, ``Accept`` chooses JSON or safetensors. A push
+    answers JSON (its rows went to the consumer)."""
+    if options.ec_transfer_params is not None:
+        return JSON_MEDIA_TYPE
     if "encoding_format" in options.model_fields_set:
         return SAFETENSORS_MEDIA_TYPE if options.encoding_format == "safetensors" else JSON_MEDIA_TYPE
     return negotiate(accept)

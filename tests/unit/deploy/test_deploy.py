@@ -61,6 +61,15 @@ def test_dockerfile_installs_the_pinned_torch_and_runs_the_service() -> None:
         assert f"COPY {package} ./{package}" in dockerfile
 
 
+def test_the_image_and_ci_carry_mooncake_and_the_libraries_it_loads() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    extras = re.search(r"^ARG MMENCODE_EXTRAS=(\S+)$", dockerfile, re.M)
+    assert extras is not None and "mooncake" in extras.group(1).split(",")
+    system_deps = (ROOT / ".ci" / "system-deps").read_text()
+    for library in ("libibverbs1", "libnl-3-200", "libnl-route-3-200"):
+        assert library in dockerfile and library in system_deps
+
+
 def test_readme_opens_with_the_serve_and_test_commands() -> None:
     readme = (ROOT / "README.md").read_text()
     blocks = re.findall(r"```(?:bash|sh)?\n(.*?)```", readme, re.S)
