@@ -27,7 +27,10 @@ from typing import Any, Protocol
 from bench.common import percentile
 from bench.proctree import tree_cpu_seconds
 
-__all__ = ["Side", "Tally", "cached_jpegs", "drive_round", "interleaved", "run_meta", "write_results"]
+__all__ = [
+    "Side", "Tally", "cached_jpegs", "drive_round", "image_set", "interleaved", "progress", "ratio_cell", "run_meta",
+    "sizes_of", "write_results",
+]  # fmt: skip
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -100,15 +103,13 @@ async def drive_round(
 
 async def interleaved(
     sides: Sequence[Side],
-    image_sets: Callable[[int], Sequence[str]],
+    rounds: Sequence[Sequence[str]],
     concurrency: int,
-    rounds: int,
     on_round: Callable[[int, dict[str, float]], None] | None = None,
 ) -> dict[str, Tally]:
-    """``rounds`` rounds; in round r every side takes ``image_sets(r)`` in turn, the order rotated."""
+    """One round per image set; in round r every side takes ``rounds[r]`` in turn, the order rotated."""
     tallies = {side.name: Tally() for side in sides}
-    for r in range(rounds):
-        images = image_sets(r)
+    for r, images in enumerate(rounds):
         shift = r % len(sides)
         for side in [*sides[shift:], *sides[:shift]]:
             done, seconds, cpu, latencies, errors = await drive_round(side, images, concurrency)
@@ -171,3 +172,32 @@ def cached_jpegs(root: Path, count: int, width: int, height: int, seed: int) -> 
         for path, data in zip(paths, jpeg_images(count, width, height, seed=seed), strict=True):
             path.write_bytes(data)
     return [path.read_bytes() for path in paths]
+
+
+def image_set(root: Path, size: tuple[int, int], count: int, seed: int) -> list[str]:
+    """``count`` JPEG data URIs of ``size``, the same for a seed in every run (:func:`cached_jpegs`)."""
+    from bench.client import data_uri
+
+    return [data_uri(jpeg) for jpeg in cached_jpegs(root, count, *size, seed=seed)]
+
+
+def sizes_of(text: str) -> list[tuple[int, int]]:
+    """``"448x448,1280x720"`` -> ``[(448, 448), (1280, 720)]``."""
+    return [(int(w), int(h)) for w, h in (size.split("x") for size in text.split(","))]
+
+
+def ratio_cell(ours: dict[str, Any], theirs: dict[str, Any]) -> str:
+    """``**ratio** (per round, ...)`` of two summaries' images/s."""
+    rounds = [
+        f"{a / b:.2f}" for a, b in zip(ours["rounds_images_per_s"], theirs["rounds_images_per_s"], strict=True) if b
+    ]
+    return f"**{ours['images_per_s'] / theirs['images_per_s']:.2f}** ({', '.join(rounds)})"
+
+
+def progress(label: str, concurrency: int) -> Callable[[int, dict[str, float]], None]:
+    """Prints each round's images/s per side, as :func:`interleaved` finishes it."""
+
+    def show(r: int, rates: dict[str, float]) -> None:
+        print(f"    {label} c={concurrency} round {r + 1}:", {k: round(v, 1) for k, v in rates.items()}, flush=True)
+
+    return show

@@ -38,9 +38,8 @@ import numpy as np
 import orjson
 
 from bench.checkpoints import SERVABLE_KINDS, servable_checkpoint
-from bench.client import data_uri
 from bench.common import service_process
-from bench.head_to_head import cached_jpegs, interleaved, run_meta, write_results
+from bench.head_to_head import image_set, interleaved, progress, ratio_cell, run_meta, sizes_of, write_results
 from bench.sglang_client import Push, PushReceiver, encode_body
 
 SIDES = ("sglang", "mmencode")
@@ -115,10 +114,6 @@ def servers(checkpoint: Path, logs: Path) -> Iterator[dict[str, tuple[str, int]]
         }
 
 
-def image_set(root: Path, size: tuple[int, int], count: int, seed: int) -> list[str]:
-    return [data_uri(jpeg) for jpeg in cached_jpegs(root, count, *size, seed=seed)]
-
-
 async def measure_model(
     urls: dict[str, tuple[str, int]],
     sizes: Sequence[tuple[int, int]],
@@ -150,11 +145,7 @@ async def measure_model(
                 sets = [
                     image_set(images_root, size, requests, seed=43_000 + 1000 * concurrency + r) for r in range(rounds)
                 ]
-                tallies = await interleaved(
-                    sides, lambda r: sets[r], concurrency, rounds,  # noqa: B023 (used before the loop moves on)
-                    on_round=lambda r, rates: print(f"    {label} c={concurrency} round {r + 1}:",  # noqa: B023
-                                                    {k: round(v, 1) for k, v in rates.items()}, flush=True),
-                )  # fmt: skip
+                tallies = await interleaved(sides, sets, concurrency, on_round=progress(label, concurrency))
                 mismatched = sum(
                     sides[0].shapes.get(image) != sides[1].shapes.get(image)
                     for image_list in sets
@@ -174,13 +165,6 @@ async def measure_model(
     return results
 
 
-def _ratio(ours: dict[str, Any], theirs: dict[str, Any]) -> str:
-    rounds = [
-        f"{a / b:.2f}" for a, b in zip(ours["rounds_images_per_s"], theirs["rounds_images_per_s"], strict=True) if b
-    ]
-    return f"**{ours['images_per_s'] / theirs['images_per_s']:.2f}** ({', '.join(rounds)})"
-
-
 def table(results: dict[str, Any]) -> str:
     lines = [
         "| model | image | C | SGLang img/s | mmencode img/s | ratio (per round) | SGLang p50 / p99 ms | "
@@ -192,17 +176,13 @@ def table(results: dict[str, Any]) -> str:
             theirs, ours = row["sglang"], row["mmencode"]
             lines.append(
                 f"| {model} | {row['size']} | {row['concurrency']} | {theirs['images_per_s']:.1f} | "
-                f"{ours['images_per_s']:.1f} | {_ratio(ours, theirs)} | "
+                f"{ours['images_per_s']:.1f} | {ratio_cell(ours, theirs)} | "
                 f"{theirs['p50_ms']:.0f} / {theirs['p99_ms']:.0f} | "
                 f"{ours['p50_ms']:.0f} / {ours['p99_ms']:.0f} | {ours['p99_ms'] / theirs['p99_ms']:.2f} | "
                 f"{theirs['cpu_s_per_image']:.4f} / {ours['cpu_s_per_image']:.4f} | "
                 f"{theirs['errors'] + ours['errors'] + row['shape_mismatches']} |"
             )
     return "\n".join(lines)
-
-
-def _sizes(text: str) -> list[tuple[int, int]]:
-    return [(int(w), int(h)) for w, h in (size.split("x") for size in text.split(","))]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -220,7 +200,7 @@ def main(argv: list[str] | None = None) -> None:
     if not (SGLANG_VENV / ".installed").is_file():
         sys.exit(f"{SGLANG_VENV} is missing: build it with `make sglang-env`")
 
-    sizes, concurrencies = _sizes(args.sizes), [int(c) for c in args.concurrency.split(",")]
+    sizes, concurrencies = sizes_of(args.sizes), [int(c) for c in args.concurrency.split(",")]
     results: dict[str, Any] = {"meta": run_meta(), "requests": args.requests, "rounds": args.rounds, "models": {}}
     for model in args.models.split(","):
         checkpoint = servable_checkpoint(model, args.root.resolve())
