@@ -24,7 +24,7 @@ import shlex
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -135,13 +135,16 @@ def vllm_server(
     videos_per_prompt: int = 0,
     audios_per_prompt: int = 0,
     max_model_len: int = 2048,
+    ec_role: str = "ec_consumer",
+    extra: Sequence[str] = (),
 ) -> Iterator[VllmServer]:
     """``vllm serve model`` on 127.0.0.1; ``use_fast=False``: the PIL image processor, None: vLLM's default.
 
-    ``ec_storage``: started as an ``ECExampleConnector`` consumer on that directory; ``mooncake``: as an
-    ``ECMooncakeConnector`` consumer. ``port``: the HTTP port (a restart on the same one). Prefix caching is
-    off unless asked (``bench/frontdoor.py``), so that each request runs its own prefill (the paths a test
-    compares must not share KV blocks).
+    ``ec_storage``: started as an ``ECExampleConnector`` ``ec_role`` (a consumer unless said) on that
+    directory; ``mooncake``: as an ``ECMooncakeConnector`` consumer. ``port``: the HTTP port (a restart on
+    the same one). Prefix caching is off unless asked (``bench/frontdoor.py``), so that each request runs its
+    own prefill (the paths a test compares must not share KV blocks). ``extra``: flags after all these (a
+    later flag wins).
     """
     executable = vllm_executable()
     port = port or free_port()
@@ -166,12 +169,13 @@ def vllm_server(
     if ec_storage is not None:
         transfer = {
             "ec_connector": "ECExampleConnector",
-            "ec_role": "ec_consumer",
+            "ec_role": ec_role,
             "ec_connector_extra_config": {"shared_storage_path": str(ec_storage)},
         }
         command += ["--ec-transfer-config", json.dumps(transfer)]
     if mooncake is not None:
         command += ["--ec-transfer-config", json.dumps(mooncake.transfer_config())]
+    command += list(extra)
     # The recipe's environment: the CPU platform, a KV cache of a fixed size, and the engine core in the
     # API server's process (a start takes ~14 s instead of ~30 s here, for the same answers).
     env = {**os.environ, **recipe_env, "VLLM_LOGGING_LEVEL": "INFO"}
