@@ -23,7 +23,7 @@ from mmencode.app.wire.encodings import binary_rows, data_json
 from mmencode.app.wire.json import dumps_json
 
 if TYPE_CHECKING:
-    from mmencode.app.engine.scheduler import ItemResult
+    from mmencode.app.engine.types import ItemResult
 
 __all__ = ["HEADER_KEY", "PayloadMemo", "render_encode_response", "tensor_name"]
 

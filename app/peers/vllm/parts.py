@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from mmencode.app.engine.scheduler import ItemResult
+from mmencode.app.engine.types import ItemResult
 from mmencode.app.wire.b64 import encode_ascii
 from mmencode.app.wire.encodings import torch_save_bytes
 
