@@ -14,6 +14,7 @@ import base64
 import functools
 import io
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -429,3 +430,15 @@ async def test_a_released_omni_checkpoint_serves_its_thinkers_audio_rows_and_rea
     speech = sum(n for key, n in numel.items() if not key.startswith("thinker."))
     assert sum(p.numel() for p in loaded.values()) == tower
     assert speech > 0 and tower < sum(numel.values()) - speech
+
+
+async def test_an_audio_models_ready_line_speaks_of_no_image_processor(
+    tiny_checkpoint: Callable[..., Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The start log names what the checkpoint has: an audio model has no image processor to name."""
+    caplog.set_level(logging.INFO, logger="mmencode.runtime")
+    async with asgi_client(model=tiny_checkpoint("qwen2_audio")):
+        pass
+    ready = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ready: serving")]
+    assert len(ready) == 1 and "qwen2_audio" in ready[0], ready
+    assert "image" not in ready[0]

@@ -9,6 +9,7 @@ answers a real vLLM gives only under faults (a 503 from one server and a 200 fro
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import AsyncIterator, Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -29,7 +30,7 @@ from mmencode.app.config import Settings
 from mmencode.app.engine.errors import ModelNotFound, UnsupportedParameter, ValidationFailed
 from mmencode.app.metrics import Metrics
 from mmencode.app.server import create_app
-from tests.helpers import asgi_client, free_port
+from tests.helpers import asgi_client, data_uri, free_port, noise_image
 
 # ----- settings -----
 
@@ -350,3 +351,25 @@ async def test_ready_is_503_while_no_upstream_is_healthy_and_200_once_one_is(che
             assert answer.json()["model"] == "tiny-chat"
         finally:
             upstream.stop()
+
+
+async def test_a_chat_requests_access_line_names_its_images_and_their_rows(
+    checkpoints: dict[str, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The access line of a chat request the door encoded for says how many items and rows it sent on."""
+    port = free_port()
+    upstream = _Upstream(port)
+    try:
+        caplog.set_level(logging.DEBUG, logger="mmencode.access")
+        async with asgi_client(model=checkpoints["qwen2_vl"], upstream=[f"http://127.0.0.1:{port}"]) as client:
+            await _until(client, 200)
+            part = {"type": "image_url", "image_url": {"url": data_uri(noise_image(56, 56, seed=5))}}
+            chat = {"model": "tiny-chat", "messages": [{"role": "user", "content": [part]}]}
+            answer = await client.post("/v1/chat/completions", json=chat)
+            assert answer.status_code == 200, answer.text
+    finally:
+        upstream.stop()
+    lines = [r.getMessage() for r in caplog.records if " /v1/chat/completions 200 " in r.getMessage()]
+    assert len(lines) == 1, lines
+    # 56x56 on Qwen2-VL: 4x4 patches of 14 pixels, merged 2x2 into 4 rows.
+    assert " items=1 tokens=4 " in lines[0], lines[0]
