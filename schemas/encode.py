@@ -204,11 +204,27 @@ class EncodeOptions(BaseModel):
 
     model_config = ConfigDict(
         extra="forbid",
-        # What `_npy_has_no_bfloat16` checks, said in the JSON schema too.
+        # What `_npy_has_no_bfloat16` and `_pushes_whole_rows` check, said in the JSON schema too: a body the
+        # document allows is never a validation_error.
         json_schema_extra={
             "not": {
-                "required": ["encoding_format", "dtype"],
-                "properties": {"encoding_format": {"const": "npy"}, "dtype": {"const": "bfloat16"}},
+                "anyOf": [
+                    {
+                        "required": ["encoding_format", "dtype"],
+                        "properties": {"encoding_format": {"const": "npy"}, "dtype": {"const": "bfloat16"}},
+                    },
+                    {
+                        "required": ["ec_transfer_params", "pooling"],
+                        "properties": {"ec_transfer_params": {"type": "object"}, "pooling": {"const": "mean"}},
+                    },
+                    {
+                        "required": ["ec_transfer_params", "encoding_format"],
+                        "properties": {
+                            "ec_transfer_params": {"type": "object"},
+                            "encoding_format": {"const": "safetensors"},
+                        },
+                    },
+                ]
             }
         },
     )
@@ -254,16 +270,6 @@ class EncodeOptions(BaseModel):
 
 class EncodeRequest(EncodeOptions):
     items: list[EncodeItem] = Field(min_length=1)
-
-    @model_validator(mode="after")
-    def _one_transfer_per_item(self) -> EncodeRequest:
-        given = self.ec_transfer_params.ec_items if self.ec_transfer_params is not None else None
-        if given is not None:
-            if len(given) != len(self.items):
-                raise ValueError(f"`ec_transfer_params.ec_items` has {len(given)} entries for {len(self.items)} items")
-            if len({item.transfer_id for item in given}) != len(given):
-                raise ValueError("each `ec_transfer_params.ec_items[].transfer_id` names one item: make them unique")
-        return self
 
 
 class Embedding(BaseModel):

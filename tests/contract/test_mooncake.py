@@ -320,19 +320,23 @@ async def test_a_failed_encode_push_answers_503(door: httpx.AsyncClient, consume
         ({"encoding_format": "safetensors"}, "no `safetensors`"),
         ({"pooling": "mean"}, "no `pooling`"),
         ({"ec_items": [{"transfer_id": "a"}, {"transfer_id": "b"}]}, "2 entries for 1 items"),
+        ({"ec_items": [{"transfer_id": "a"}], "items": 2}, "make them unique"),
     ],
 )
-async def test_encode_push_requests_that_contradict_themselves_are_422(
+async def test_encode_push_requests_that_contradict_themselves_are_refused(
     door: httpx.AsyncClient, consumer: FakeConsumer, fields: dict[str, Any], message: str
 ) -> None:
+    """What the schema states is a validation_error (422); what it cannot (counts, uniqueness) is 400."""
     target: dict[str, Any] = {"consumer_zmq": consumer.control}
     if "ec_items" in fields:
-        target["ec_items"] = fields.pop("ec_items")
-    answer = await door.post(
-        "/v1/encode", json={"items": [{"image": data_uri(IMAGE)}], "ec_transfer_params": target, **fields}
-    )
-    assert answer.status_code == 422
-    assert message in answer.text
+        target["ec_items"] = fields.pop("ec_items") * fields.get("items", 1)
+    items = [{"image": data_uri(IMAGE)}] * fields.pop("items", 1)
+    answer = await door.post("/v1/encode", json={"items": items, "ec_transfer_params": target, **fields})
+    assert answer.status_code == (400 if "ec_items" in target else 422), answer.text
+    assert message in answer.json()["error"]["message"]
+    if "ec_items" in target:
+        assert answer.json()["error"]["param"] == "ec_transfer_params.ec_items"
+    assert consumer.ops() == []  # refused before any push
 
 
 async def test_a_server_without_pushes_refuses_a_push_target(qwen_app: httpx.AsyncClient) -> None:

@@ -59,7 +59,7 @@ class EncodeService:
         """The answer to ``items``: a safetensors container when ``binary``, else JSON."""
         self._engine.check_model(options.model)
         target = options.ec_transfer_params
-        consumer = self._push_target(target) if target is not None else None
+        consumer = self._push_target(target, len(items)) if target is not None else None
         results = await self._engine.encode(items, options.precomputed)
         answer = _answer(request_id, self._engine.model_name, results)
         if target is not None and consumer is not None:
@@ -88,14 +88,28 @@ class EncodeService:
         body = await in_executor(self._executor, render) if large else render()
         return EncodeAnswer(body, items=len(results), tokens=sum(r.num_tokens for r in results))
 
-    def _push_target(self, target: EcTransferParams) -> str:
-        """The consumer's control address, refused before any work unless this server may push there."""
+    def _push_target(self, target: EcTransferParams, items: int) -> str:
+        """The consumer's control address, refused before any work unless this server may push there and the
+        transfer ids, if given, name one item each. (A 400, not a validation error: the count is not the
+        schema's to state.)"""
         if self._pusher is None:
             raise UnsupportedParameter(
                 "this server pushes to no vLLM ECMooncakeConnector consumer: start it with --ec-push-consumers "
                 "HOST:PORT (and the mooncake extra) to take ec_transfer_params",
                 param="ec_transfer_params",
             )
+        given = target.ec_items
+        if given is not None:
+            if len(given) != items:
+                raise InvalidRequest(
+                    f"`ec_transfer_params.ec_items` has {len(given)} entries for {items} items: one per item, in order",
+                    param="ec_transfer_params.ec_items",
+                )
+            if len({item.transfer_id for item in given}) != len(given):
+                raise InvalidRequest(
+                    "each `ec_transfer_params.ec_items[].transfer_id` names one item: make them unique",
+                    param="ec_transfer_params.ec_items",
+                )
         try:
             consumer = consumer_address(target.consumer_zmq)
         except ValueError as exc:
