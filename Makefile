@@ -159,9 +159,9 @@ test-in-process: $(VENV)/.installed
 # Real servers and peers: e2e/ (processes, redis, haproxy), peers/ (their decoders), vllm_server/ and
 # sglang_server/ (real LLM servers).
 test-servers: $(VENV)/.installed environments
-	$(PYTEST) tests/e2e tests/peers tests/vllm_server tests/sglang_server
+	$(PYTEST) --durations=25 tests/e2e tests/peers tests/vllm_server tests/sglang_server
 
-# While editing: the in-process suites without the cases that call themselves slow (about a minute here).
+# While editing: the in-process suites without the cases that call themselves slow (README: its measured time).
 test-fast: $(VENV)/.installed
 	$(BIN)/python -m pytest -m "not slow" tests/unit tests/contract
 
