@@ -38,6 +38,12 @@ class Metrics:
         self.items = Counter(
             "mmencode_items", "Items answered, by where their embedding came from.", ["source"], registry=r
         )
+        self.inflight_coalesced = Counter(
+            "mmencode_inflight_coalesced",
+            "Items answered from an encode another request had started for the same content (single flight), "
+            "instead of being encoded again.",
+            registry=r,
+        )
         self.queue_depth = Gauge(
             "mmencode_queue_depth", "Requests waiting for the encoder: being preprocessed or queued.", registry=r
         )

@@ -385,10 +385,13 @@ class Engine:
         assert self.adapter is not None
         return self._info_of(self.adapter)
 
-    async def encode(self, items: Sequence[Item], mode: PrecomputedMode = "strict") -> list[ItemResult]:
+    async def encode(
+        self, items: Sequence[Item], mode: PrecomputedMode = "strict", *, scope: str | None = None
+    ) -> list[ItemResult]:
         """Rows and metadata per item, in request order (the scheduler's rules, app/engine/scheduler.py);
-        raises ``NotReady`` (503) until the model is loaded and warm."""
-        return await self._require_ready().encode(items, mode)
+        raises ``NotReady`` (503) until the model is loaded and warm. ``scope``: the request's cache scope
+        (its tenant's, ``--cache-scope tenant``; None: the cache every request shares)."""
+        return await self._require_ready().encode(items, mode, scope)
 
     @property
     def image_processor_backend(self) -> str | None:

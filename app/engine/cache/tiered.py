@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from mmencode.app.engine.cache.local import CachedEmbedding, Tier
+from mmencode.app.engine.cache.local import CachedEmbedding, LRUEmbeddingCache, Tier
 from mmencode.app.metrics import Metrics
 
 __all__ = ["CacheTier", "Hit", "TieredCache"]
@@ -64,6 +64,11 @@ class TieredCache:
                     earlier.put(hashes[i], value)
             missing = still_missing
         return hits
+
+    def peek_local(self, key: str) -> CachedEmbedding | None:
+        """The first tier's value, without waiting (the in-process LRU answers at once)."""
+        first = self.tiers[0] if self.tiers else None
+        return first.get(key) if isinstance(first, LRUEmbeddingCache) else None
 
     def put(self, content_hash: str, value: CachedEmbedding) -> None:
         """Kept in every tier: locally now, in a shared store in the background."""
