@@ -269,10 +269,18 @@ class Settings(BaseSettings):
     api_key: Annotated[list[SecretStr], NoDecode] = Field(
         default_factory=list,
         description="Keys clients must send as `Authorization: Bearer KEY` on /v1/*, comma-separated; "
+        "`TENANT:KEY` puts the key in a tenant (a key without one is a tenant of its own; see --cache-scope); "
         "unset: no authentication. Probes and /metrics stay open.",
     )
     api_key_file: Path | None = Field(
-        default=None, description="A file of API keys, one per line (# comments), added to --api-key."
+        default=None,
+        description="A file of API keys, one per line (# comments), `KEY` or `TENANT:KEY`, added to --api-key.",
+    )
+    cache_scope: Literal["tenant", "global"] | None = Field(
+        default=None,
+        description="Who shares cached rows: `tenant`, each tenant its own (a hash answered to one tenant is "
+        "unknown_hash to another, and its image is encoded again for it); `global`, every client. Unset: "
+        "tenant when API keys are set, else global. Connector files (--ec-shared-storage) stay shared.",
     )
     ssl_certfile: Path | None = Field(default=None, description="PEM certificate (chain): serve HTTPS.")
     ssl_keyfile: Path | None = Field(default=None, description="PEM private key of --ssl-certfile.")
@@ -303,13 +311,37 @@ class Settings(BaseSettings):
         return f"{scheme}://{host}:{self.port}"
 
     def api_keys(self) -> list[str]:
-        """Every accepted key: --api-key's, then --api-key-file's."""
-        keys = [key.get_secret_value() for key in self.api_key]
+        """Every accepted key: --api-key's, then --api-key-file's (without their ``TENANT:``)."""
+        return list(self.api_key_tenants())
+
+    def api_key_tenants(self) -> dict[str, str | None]:
+        """Every accepted key and its tenant: the name before the first ``:`` of its entry, or None (the key
+        is a tenant of its own). ``ValueError`` (never naming the key) for an entry with an empty tenant or
+        key, or a key given to two tenants."""
+        entries = [key.get_secret_value() for key in self.api_key]
         if self.api_key_file is not None:
             for line in self.api_key_file.read_text().splitlines():
                 if line.strip() and not line.lstrip().startswith("#"):
-                    keys.append(line.strip())
-        return keys
+                    entries.append(line.strip())
+        tenants: dict[str, str | None] = {}
+        for number, entry in enumerate(entries, start=1):
+            tenant, separator, key = entry.partition(":")
+            if not separator:
+                tenant, key = "", entry
+            elif not tenant.strip() or not key.strip():
+                raise ValueError(f"API key entry {number} is `TENANT:KEY` with an empty tenant or key")
+            tenant, key = tenant.strip(), key.strip()
+            owner = tenant or None
+            if key in tenants and tenants[key] != owner:
+                raise ValueError(f"API key entry {number} repeats a key of another tenant; give each key one tenant")
+            tenants[key] = owner
+        return tenants
+
+    def scoped_by_tenant(self) -> bool:
+        """Whether cached rows are kept per tenant (--cache-scope, by default tenant when keys are set)."""
+        if self.cache_scope is None:
+            return bool(self.api_keys())
+        return self.cache_scope == "tenant"
 
     @field_validator("upstream")
     @classmethod
@@ -351,8 +383,13 @@ class Settings(BaseSettings):
             raise ValueError(
                 "upstream_transport ec needs ec_shared_storage: the directory the upstreams' ECExampleConnector reads"
             )
+        self.api_key_tenants()  # each entry well formed, each key in one tenant
         if self.api_key_file is not None and not self.api_keys():
             raise ValueError(f"api_key_file {self.api_key_file} holds no key")
+        if self.cache_scope == "tenant" and not self.api_keys():
+            raise ValueError(
+                "cache_scope tenant needs API keys (--api-key, --api-key-file): tenants are the keys' groups"
+            )
         return self
 
 

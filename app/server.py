@@ -130,10 +130,12 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.sglang_bridge = sglang_bridge
     # Outermost last: the request context wraps everything, the body limit sits inside it.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, metrics=metrics)
-    api_keys = settings.api_keys()
+    api_keys = settings.api_key_tenants()
     if api_keys:
         # Outside the body limit: a request without a key is refused before its body is read.
-        app.add_middleware(ApiKeyMiddleware, keys=api_keys, metrics=metrics)
+        app.add_middleware(
+            ApiKeyMiddleware, keys=api_keys, metrics=metrics, scope_by_tenant=settings.scoped_by_tenant()
+        )
     app.add_middleware(RequestContextMiddleware, metrics=metrics)
     install_error_handlers(app)
     routers = (encode.router, embeddings.router, chat.router, health.router, sglang.router)

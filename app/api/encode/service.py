@@ -41,10 +41,13 @@ class EncodeService:
         # vLLM's encoder-cache connector files (--ec-shared-storage), written before the answer.
         self._ec_writer = ec_writer
 
-    async def encode(self, options: EncodeOptions, items: list[Item], *, binary: bool, request_id: str) -> EncodeAnswer:
-        """The answer to ``items``: a safetensors container when ``binary``, else JSON."""
+    async def encode(
+        self, options: EncodeOptions, items: list[Item], *, binary: bool, request_id: str, scope: str | None = None
+    ) -> EncodeAnswer:
+        """The answer to ``items``: a safetensors container when ``binary``, else JSON. ``scope``: the
+        request's cache scope (its tenant's)."""
         self._engine.check_model(options.model)
-        results = await self._engine.encode(items, options.precomputed)
+        results = await self._engine.encode(items, options.precomputed, scope=scope)
         answer = _answer(request_id, self._engine.model_name, results)
         if self._ec_writer is not None:
             # vLLM checks for the file as soon as the language request arrives: write before answering.
