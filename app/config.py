@@ -136,6 +136,19 @@ class Settings(BaseSettings):
         description="Bytes of values being written to the shared cache in the background; a write past it is "
         "skipped (counted as backlog), so a slow store never piles up rows in this process.",
     )
+    shared_cache_lease_ttl: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        description="Seconds a replica's lease on an item it is encoding lives unless renewed (every third of it, "
+        "while the encode runs): how long a replica that died holding one keeps the others waiting.",
+    )
+    shared_cache_lease_wait: float = Field(
+        default=30.0,
+        ge=0,
+        description="Longest a replica waits for another replica's encode of the same item (--shared-cache) before "
+        "encoding it itself; 0: no leases, every replica encodes what it misses.",
+    )
     shared_cache_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         default="auto",
         description="Storage dtype of shared-cache values; auto: the model's compute dtype, which loses nothing. "

@@ -84,6 +84,14 @@ class Metrics:
             "bytes pending).",
             ["op"], registry=r,
         )  # fmt: skip
+        self.shared_leases = Counter(
+            "mmencode_shared_lease",
+            "Leases across replicas on items about to be encoded (--shared-cache), by result: acquired (this "
+            "replica encodes), waited (another replica's value answered), took_over (its holder vanished; this "
+            "replica encodes), gave_up (waited --shared-cache-lease-wait) and unavailable (the store could not "
+            "be asked): those two encode without a lease.",
+            ["result"], registry=r,
+        )  # fmt: skip
         self.shared_cache_pending_bytes = Gauge(
             "mmencode_shared_cache_pending_bytes",
             "Bytes of values being written to the shared tier in the background (--shared-cache-pending-bytes).",

@@ -8,7 +8,7 @@ A flight runs while any request waits for it. A request that leaves (its client 
 deadline passed) only stops waiting; the last one to leave cancels the flight, so work nobody waits
 for is dropped as a lone request's work is (the worker drops a job cancelled before its forward).
 
-A flight answers each of its keys with the rows (a :class:`CachedEmbedding`), or with the error that
+A flight answers each of its keys with the rows (:class:`Landed`), or with the error that
 item met, located at the item of the request that started it (each waiter relocates it to its own).
 A key it gives no answer for was *abandoned*: another of its items failed first, or the flight was
 cancelled as its last waiter left while a newcomer was joining. Whoever waited for such a key starts
@@ -19,14 +19,24 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from mmencode.app.engine.cache import CachedEmbedding
 
-__all__ = ["Flight", "Flights", "Outcome"]
+__all__ = ["Flight", "Flights", "Landed", "Outcome"]
+
+
+@dataclass(frozen=True, slots=True)
+class Landed:
+    """A key's rows, and whether this process's encoder made them (or another replica's, read from the store)."""
+
+    value: CachedEmbedding
+    encoded: bool
+
 
 # What a flight gives one key: its rows, or the error its item met.
-Outcome = CachedEmbedding | BaseException
+Outcome = Landed | BaseException
 
 
 class Flight:

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import torch
 
-from mmencode.app.engine.cache import CachedEmbedding, TieredCache, content_hash, scoped_key
+from mmencode.app.engine.cache import CachedEmbedding, Leases, TieredCache, content_hash, scoped_key
 from mmencode.app.engine.errors import (
     InternalError,
     InvalidAudio,
@@ -39,7 +39,7 @@ from mmencode.app.engine.errors import (
     UnsupportedModality,
     ValidationFailed,
 )
-from mmencode.app.engine.flights import Flight, Flights, Outcome
+from mmencode.app.engine.flights import Flight, Flights, Landed, Outcome
 from mmencode.app.engine.precomputed import decode_precomputed
 from mmencode.app.engine.types import Item, ItemResult, Limits, SamplingRule, VideoItem
 from mmencode.app.engine.worker import EncoderWorker, QueueBytesFull, QueueFull, Reservation, TokenDrift, WorkerStopped
@@ -315,12 +315,13 @@ class Scheduler:
                 outcome = flight.outcome(entry.key)
                 if outcome is None:
                     retry.append(entry)
-                elif isinstance(outcome, CachedEmbedding):
-                    ours = flight is own
-                    if not ours:
+                elif isinstance(outcome, Landed):
+                    if flight is not own:
                         self.metrics.inflight_coalesced.inc()
-                    source: Literal["encoder", "cache"] = "encoder" if ours else "cache"
-                    results.append(ItemResult(entry.index, source, entry.hash, dict(outcome.metadata), outcome.rows))
+                    # Encoded for this request: by its own flight, here (not another request's, another replica's).
+                    source: Literal["encoder", "cache"] = "encoder" if flight is own and outcome.encoded else "cache"
+                    value = outcome.value
+                    results.append(ItemResult(entry.index, source, entry.hash, dict(value.metadata), value.rows))
                 else:
                     if flight is not own:
                         outcome = _relocated(outcome, flight.origin[entry.key], entry.index)
@@ -331,9 +332,47 @@ class Scheduler:
         return results
 
     async def _encode_group(self, pending: list[_Pending]) -> dict[str, Outcome]:
-        """A flight's work: decode, preprocess and encode ``pending`` as one job, fill the cache; the rows
-        or the error per key. An item that fails to decode or preprocess fails its key, and leaves the others
-        unanswered (abandoned: their request fails on the failed item, whoever else waits asks again)."""
+        """A flight's work: the rows or the error of each of ``pending``'s keys. With leases across replicas
+        (app/engine/cache/lease.py), only the items no other replica is encoding are encoded here; the others'
+        values are awaited from the shared store, and encoded here only if they do not come."""
+        leases = self.cache.leases
+        if leases is None:
+            return await self._encode_now(pending)
+        claim = await leases.claim([entry.key for entry in pending])
+        mine = set(claim.ours)
+        try:
+            here, elsewhere = await asyncio.gather(
+                self._encode_now([entry for entry in pending if entry.key in mine]),
+                self._encode_elsewhere([entry for entry in pending if entry.key not in mine], leases),
+            )
+        finally:
+            leases.release(claim.ours)  # once their values are written: a waiter then finds them
+        return {**here, **elsewhere}
+
+    async def _encode_elsewhere(self, pending: list[_Pending], leases: Leases) -> dict[str, Outcome]:
+        """The rows of items another replica is encoding, from the shared store once it has written them;
+        those it leaves (it died, failed, or took longer than the wait) are encoded here."""
+        if not pending:
+            return {}
+        found, left = await leases.wait([entry.key for entry in pending])
+        outcomes: dict[str, Outcome] = {}
+        for entry in pending:
+            value = found.get(entry.key)
+            if value is not None:
+                self.cache.keep_local(entry.key, value)
+                outcomes[entry.key] = Landed(value, encoded=False)
+        try:
+            outcomes.update(await self._encode_now([entry for entry in pending if entry.key in set(left)]))
+        finally:
+            leases.release(left)
+        return outcomes
+
+    async def _encode_now(self, pending: list[_Pending]) -> dict[str, Outcome]:
+        """Decode, preprocess and encode ``pending`` here as one job, and fill the cache. An item that fails
+        to decode or preprocess fails its key and leaves the others unanswered (abandoned: their request fails
+        on the failed item, whoever else waits for them asks again)."""
+        if not pending:
+            return {}
         loop = asyncio.get_running_loop()
         try:
             # Admitted, or refused, before any decoding: an overloaded service spends no CPU on a 503.
@@ -358,7 +397,7 @@ class Scheduler:
         for entry, item, item_rows in zip(pending, ready, rows, strict=True):
             value = CachedEmbedding(item_rows, item.metadata)
             self.cache.put(entry.key, value)
-            answers[entry.key] = value
+            answers[entry.key] = Landed(value, encoded=True)
         return answers
 
     def _identity(self, item: Item) -> str:
