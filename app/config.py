@@ -217,6 +217,19 @@ class Settings(BaseSettings):
         "where vLLM's ECExampleConnector (ec_consumer) reads it; the directory vLLM's "
         "ec_connector_extra_config.shared_storage_path names.",
     )
+    ec_storage_bytes: ByteSize = Field(
+        default=ByteSize(10 * 1024 * MiB),
+        ge=0,
+        description="Budget of --ec-shared-storage, shared by every replica writing there: the least recently "
+        "written or read files are removed to make room, never one younger than --ec-min-age (a write is refused "
+        "instead: ec_cache_path null); 0: unbounded.",
+    )
+    ec_min_age: float = Field(
+        default=120.0,
+        ge=0,
+        description="Seconds an encoder-cache file is kept after the last answer that named it, whatever the "
+        "budget: longer than a consumer takes to load a file it was sent the hash of.",
+    )
     ec_dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         default="auto",
         description="Dtype of the encoder-cache files; auto: the encoder's compute dtype (--dtype: float32 on "

@@ -110,9 +110,26 @@ class Metrics:
         self.ready = Gauge("mmencode_ready", "1 when the model is loaded, warm and the worker alive.", registry=r)
         self.ec_cache_writes = Counter(
             "mmencode_ec_cache_writes",
-            "Encoder-cache files for vLLM (--ec-shared-storage), by result: written, present (skipped) or error.",
+            "Encoder-cache files for vLLM (--ec-shared-storage), by result: written, present (skipped), refused "
+            "(the budget is held by files younger than --ec-min-age) or error.",
             ["result"], registry=r,
         )  # fmt: skip
+        self.ec_storage_bytes = Gauge(
+            "mmencode_ec_storage_bytes",
+            "Bytes of encoder-cache files in --ec-shared-storage (every replica's), as this process last counted "
+            "them (--ec-storage-bytes is the budget).",
+            registry=r,
+        )
+        self.ec_storage_files = Gauge(
+            "mmencode_ec_storage_files",
+            "Encoder-cache files in --ec-shared-storage (every replica's), as this process last counted them.",
+            registry=r,
+        )
+        self.ec_storage_evictions = Counter(
+            "mmencode_ec_storage_evictions",
+            "Encoder-cache files this process removed to keep --ec-shared-storage within --ec-storage-bytes.",
+            registry=r,
+        )
         self.sglang_pushes = Counter(
             "mmencode_sglang_pushes",
             "ZMQ messages pushed to SGLang language servers, by kind (embedding or error) and result (ok or failed).",

@@ -51,7 +51,14 @@ def create_app(settings: Settings) -> FastAPI:
     engine = Engine.from_settings(settings, metrics, frame_choices={"sglang": SGLANG_FRAMES})
     # Peers' formats: vLLM's encoder-cache files (opt-in) and SGLang's encoder protocol.
     ec_writer = (
-        EncoderCacheWriter(settings.ec_shared_storage, _ec_dtype(settings), metrics, executor=engine.io_executor)
+        EncoderCacheWriter(
+            settings.ec_shared_storage,
+            _ec_dtype(settings),
+            metrics,
+            executor=engine.io_executor,
+            max_bytes=settings.ec_storage_bytes,
+            min_age_s=settings.ec_min_age,
+        )
         if settings.ec_shared_storage is not None
         else None
     )
@@ -87,6 +94,8 @@ def create_app(settings: Settings) -> FastAPI:
     )
 
     async def start() -> None:
+        if ec_writer is not None:
+            await ec_writer.open()  # counted (and trimmed) before the first answer names a file
         await engine.start()
         if registration is not None and engine.ready:
             registration.start()
@@ -95,11 +104,14 @@ def create_app(settings: Settings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # Load in the background: /health answers while the model loads, /ready waits for it.
         loading = asyncio.create_task(start(), name="mmencode-load")
+        upkeep = asyncio.create_task(ec_writer.keep_up(), name="mmencode-ec-upkeep") if ec_writer else None
         if front_door is not None:
             front_door.pool.start()
         try:
             yield
         finally:
+            if upkeep is not None:
+                upkeep.cancel()
             if not loading.done():
                 loading.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

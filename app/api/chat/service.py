@@ -10,6 +10,7 @@ vLLM's engine).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -193,9 +194,13 @@ class ChatService:
             body = await self._rewritten(chat, results)
         else:
             body = orjson.dumps(chat.body)
-        answer = await self._forwarder.open(
-            body, model=chat.model, hashes=hashes, stream=chat.stream, tried=outcome.upstreams
-        )
+        # The connector files stay until the upstream has answered (it has read them by then), however long
+        # it takes: none is removed to make room meanwhile, by this replica or another.
+        writer = self._ec_writer if self._transport == "ec" else None
+        async with writer.pinned(hashes) if writer is not None else contextlib.nullcontext():
+            answer = await self._forwarder.open(
+                body, model=chat.model, hashes=hashes, stream=chat.stream, tried=outcome.upstreams
+            )
         self._metrics.chat_stage_seconds.labels("upstream_first_byte").observe(answer.first_byte_s)
         self._pool.remember(answer.upstream, hashes)
         return answer
