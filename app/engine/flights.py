@@ -85,6 +85,8 @@ class Flights:
         """Until every one of ``flights`` has landed. Leaving early (cancelled) stops waiting, and cancels
         the flights that no other request waits for."""
         waited = list(dict.fromkeys(flights))
+        if not waited:
+            return  # asyncio.wait refuses an empty set
         for flight in waited:
             flight.waiters += 1
         try:

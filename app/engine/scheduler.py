@@ -308,6 +308,7 @@ class Scheduler:
             if mine:
                 own = self.flights.start({entry.key: entry.index for entry in mine}, self._encode_group(mine))
                 waits.extend((entry, own) for entry in mine)
+            # Nothing to wait for when every item's flight landed while this request asked the shared store.
             await self.flights.wait(flight for _, flight in waits)
             retry: list[_Pending] = []
             failures: list[tuple[int, BaseException]] = []

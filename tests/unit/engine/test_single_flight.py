@@ -10,6 +10,7 @@ import asyncio
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 import torch
@@ -229,5 +230,39 @@ def test_cache_scopes_share_neither_rows_nor_flights(pool: ThreadPoolExecutor, s
         (theirs,) = await engine.encode([ImageItem(file=image)], scope=other)
         assert theirs.source == "encoder" and theirs.hash == first.hash  # the hash stays the content's
         assert worker.jobs == [1, 1]
+
+    asyncio.run(run())
+
+
+def test_a_flight_that_lands_while_a_request_asks_the_store_answers_it_from_the_cache(
+    pool: ThreadPoolExecutor,
+) -> None:
+    """The soak's 500: a request missed the local cache, and while it waited for the shared store's answer
+    the flight for its item landed (filling the local cache, leaving the table). It then had nothing to
+    join and nothing to encode, and asyncio.wait refused the empty set."""
+
+    async def run() -> None:
+        worker = GatedWorker()
+        engine = scheduler(pool, worker)
+        image = png(48, 32, 78)
+        first = asyncio.create_task(engine.encode([ImageItem(file=image)]))
+        await _until(lambda: worker.held == 1)
+        lookup = engine.cache.get_many
+        asked = asyncio.Event()
+
+        async def slow_store(keys: list[str]) -> list[Any]:
+            hits = await lookup(keys)  # a miss: the flight has not landed yet
+            asked.set()
+            await _until(lambda: len(engine.flights) == 0)  # ... and lands before the store answers
+            return hits
+
+        engine.cache.get_many = slow_store  # type: ignore[method-assign]
+        second = asyncio.create_task(engine.encode([ImageItem(file=image)]))
+        await asked.wait()
+        worker.gate.set()
+        answers = await asyncio.gather(first, second)
+        assert worker.jobs == [1]
+        assert answers[1][0].source == "cache"
+        assert torch.equal(answers[0][0].rows, answers[1][0].rows)
 
     asyncio.run(run())
