@@ -11,7 +11,10 @@ while it works, so the TTL bounds how long a holder that died delays the others,
 may take.
 
 The lease is an optimisation, as the tier is: a store that is down, slow or restarted (its leases lost)
-means each replica encodes for itself, and no request fails because of a lease.
+means each replica encodes for itself, and no request fails because of a lease. Taking or polling leases
+is on a request's path, so each round trip is bounded by ``_ROUND_TRIP_S`` (or the tier's timeout, if
+shorter) whatever ``--shared-cache-timeout`` allows the background writes: a store that answers reads
+but stalls writes (full, paused, failing over) then rests the leases alone for a while, not the tier.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ LeaseResult = Literal["acquired", "waited", "took_over", "gave_up", "unavailable
 
 _POLL_FIRST_S = 0.01
 _POLL_MAX_S = 0.1
+_ROUND_TRIP_S = 0.25  # the longest a request waits for the store to take or poll its leases
 
 # KEYS[1] the lease, KEYS[2] the value; ARGV[1] this replica's token, ARGV[2] the TTL in ms.
 # 0: leased by another, wait; the value: its holder is done; 1: nobody holds it and there is no value,
@@ -69,8 +73,19 @@ class Claim:
 class Leases:
     """The leases of one process (one random token) on the keys of a :class:`SharedCache`."""
 
-    def __init__(self, shared: SharedCache, *, ttl_s: float, wait_s: float, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        shared: SharedCache,
+        *,
+        ttl_s: float,
+        wait_s: float,
+        metrics: Metrics,
+        round_trip_s: float = _ROUND_TRIP_S,
+    ) -> None:
         self.shared = shared
+        self.round_trip_s = round_trip_s
+        self._resting_until = 0.0  # after a round trip that timed out: leases skipped, the tier still used
+        self._stalling = False
         self.ttl_ms = max(1, round(ttl_s * 1000))
         self.wait_s = wait_s
         self.metrics = metrics
@@ -109,17 +124,17 @@ class Leases:
         """The keys of ``keys`` now leased here; None when the store cannot be asked."""
         if not keys:
             return set()
-        if not self.shared.available:
+        if not self._available:
             return None
         try:
-            async with self.shared.client.pipeline(transaction=False) as pipe:
+            async with asyncio.timeout(self.round_trip_s), self.shared.client.pipeline(transaction=False) as pipe:
                 for key in keys:
                     pipe.set(self.lease_key(key), self._token, nx=True, px=self.ttl_ms)
                 answers = await pipe.execute()
         except Exception as exc:
-            self.shared.failed("lease", exc)
+            self._failed(exc)
             return None
-        self.shared.succeeded()
+        self._succeeded()
         taken = {key for key, answer in zip(keys, answers, strict=True) if answer}
         self._hold(taken)
         return taken
@@ -176,20 +191,48 @@ class Leases:
 
     async def _ask(self, keys: list[str]) -> list[Any] | None:
         """One poll of ``keys`` (``_POLL``'s answers, in order); None when the store cannot be asked."""
-        if not self.shared.available:
+        if not self._available:
             return None
         try:
-            async with self.shared.client.pipeline(transaction=False) as pipe:
+            async with asyncio.timeout(self.round_trip_s), self.shared.client.pipeline(transaction=False) as pipe:
                 for key in keys:
                     await self._poll(
                         keys=[self.lease_key(key), self.shared.key(key)], args=[self._token, self.ttl_ms], client=pipe
                     )
                 answers = await pipe.execute()
         except Exception as exc:
-            self.shared.failed("lease", exc)
+            self._failed(exc)
             return None
-        self.shared.succeeded()
+        self._succeeded()
         return list(answers)
+
+    @property
+    def _available(self) -> bool:
+        return self.shared.available and time.monotonic() >= self._resting_until
+
+    def _failed(self, exc: Exception) -> None:
+        """A round trip that timed out rests the leases alone (the store may still serve reads and take
+        writes in the background); any other failure is the tier's."""
+        if not isinstance(exc, TimeoutError):
+            self.shared.failed("lease", exc)
+            return
+        self.metrics.shared_cache_errors.labels("lease").inc()
+        self._resting_until = time.monotonic() + self.shared.retry_after_s
+        if not self._stalling:
+            self._stalling = True
+            logger.warning(
+                "shared cache %s took over %gs to take or poll leases; each replica encodes what it misses "
+                "(no single flight across replicas), retrying every %.0fs",
+                self.shared.location,
+                self.round_trip_s,
+                self.shared.retry_after_s,
+            )
+
+    def _succeeded(self) -> None:
+        self.shared.succeeded()
+        if self._stalling:
+            self._stalling = False
+            logger.info("shared cache %s takes leases again", self.shared.location)
 
     # ----- holding and dropping them -----
     def _hold(self, keys: Iterable[str]) -> None:
