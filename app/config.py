@@ -136,6 +136,19 @@ class Settings(BaseSettings):
         description="Bytes of values being written to the shared cache in the background; a write past it is "
         "skipped (counted as backlog), so a slow store never piles up rows in this process.",
     )
+    shared_cache_lease_ttl: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        description="Seconds a replica's lease on an item it is encoding lives unless renewed (every third of it, "
+        "while the encode runs): how long a replica that died holding one keeps the others waiting.",
+    )
+    shared_cache_lease_wait: float = Field(
+        default=30.0,
+        ge=0,
+        description="Longest a replica waits for another replica's encode of the same item (--shared-cache) before "
+        "encoding it itself; 0: no leases, every replica encodes what it misses.",
+    )
     shared_cache_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         default="auto",
         description="Storage dtype of shared-cache values; auto: the model's compute dtype, which loses nothing. "
@@ -203,6 +216,19 @@ class Settings(BaseSettings):
         description="Also write every encoded or cached item to DIR/<hash>/encoder_cache.safetensors, "
         "where vLLM's ECExampleConnector (ec_consumer) reads it; the directory vLLM's "
         "ec_connector_extra_config.shared_storage_path names.",
+    )
+    ec_storage_bytes: ByteSize = Field(
+        default=ByteSize(10 * 1024 * MiB),
+        ge=0,
+        description="Budget of --ec-shared-storage, shared by every replica writing there: the least recently "
+        "written or read files are removed to make room, never one younger than --ec-min-age (a write is refused "
+        "instead: ec_cache_path null); 0: unbounded.",
+    )
+    ec_min_age: float = Field(
+        default=120.0,
+        ge=0,
+        description="Seconds an encoder-cache file is kept after the last answer that named it, whatever the "
+        "budget: longer than a consumer takes to load a file it was sent the hash of.",
     )
     ec_dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         default="auto",
@@ -307,10 +333,18 @@ class Settings(BaseSettings):
     api_key: Annotated[list[SecretStr], NoDecode] = Field(
         default_factory=list,
         description="Keys clients must send as `Authorization: Bearer KEY` on /v1/*, comma-separated; "
+        "`TENANT:KEY` puts the key in a tenant (a key without one is a tenant of its own; see --cache-scope); "
         "unset: no authentication. Probes and /metrics stay open.",
     )
     api_key_file: Path | None = Field(
-        default=None, description="A file of API keys, one per line (# comments), added to --api-key."
+        default=None,
+        description="A file of API keys, one per line (# comments), `KEY` or `TENANT:KEY`, added to --api-key.",
+    )
+    cache_scope: Literal["tenant", "global"] | None = Field(
+        default=None,
+        description="Who shares cached rows: `tenant`, each tenant its own (a hash answered to one tenant is "
+        "unknown_hash to another, and its image is encoded again for it); `global`, every client. Unset: "
+        "tenant when API keys are set, else global. Connector files (--ec-shared-storage) stay shared.",
     )
     ssl_certfile: Path | None = Field(default=None, description="PEM certificate (chain): serve HTTPS.")
     ssl_keyfile: Path | None = Field(default=None, description="PEM private key of --ssl-certfile.")
@@ -349,13 +383,37 @@ class Settings(BaseSettings):
         return f"{scheme}://{host}:{self.port}"
 
     def api_keys(self) -> list[str]:
-        """Every accepted key: --api-key's, then --api-key-file's."""
-        keys = [key.get_secret_value() for key in self.api_key]
+        """Every accepted key: --api-key's, then --api-key-file's (without their ``TENANT:``)."""
+        return list(self.api_key_tenants())
+
+    def api_key_tenants(self) -> dict[str, str | None]:
+        """Every accepted key and its tenant: the name before the first ``:`` of its entry, or None (the key
+        is a tenant of its own). ``ValueError`` (never naming the key) for an entry with an empty tenant or
+        key, or a key given to two tenants."""
+        entries = [key.get_secret_value() for key in self.api_key]
         if self.api_key_file is not None:
             for line in self.api_key_file.read_text().splitlines():
                 if line.strip() and not line.lstrip().startswith("#"):
-                    keys.append(line.strip())
-        return keys
+                    entries.append(line.strip())
+        tenants: dict[str, str | None] = {}
+        for number, entry in enumerate(entries, start=1):
+            tenant, separator, key = entry.partition(":")
+            if not separator:
+                tenant, key = "", entry
+            elif not tenant.strip() or not key.strip():
+                raise ValueError(f"API key entry {number} is `TENANT:KEY` with an empty tenant or key")
+            tenant, key = tenant.strip(), key.strip()
+            owner = tenant or None
+            if key in tenants and tenants[key] != owner:
+                raise ValueError(f"API key entry {number} repeats a key of another tenant; give each key one tenant")
+            tenants[key] = owner
+        return tenants
+
+    def scoped_by_tenant(self) -> bool:
+        """Whether cached rows are kept per tenant (--cache-scope, by default tenant when keys are set)."""
+        if self.cache_scope is None:
+            return bool(self.api_keys())
+        return self.cache_scope == "tenant"
 
     @field_validator("upstream")
     @classmethod
@@ -419,8 +477,13 @@ class Settings(BaseSettings):
             )
         if self.upstream_ec_control and self.upstream_transport != "mooncake":
             raise ValueError("upstream_ec_control is the mooncake transport's: set upstream_transport mooncake")
+        self.api_key_tenants()  # each entry well formed, each key in one tenant
         if self.api_key_file is not None and not self.api_keys():
             raise ValueError(f"api_key_file {self.api_key_file} holds no key")
+        if self.cache_scope == "tenant" and not self.api_keys():
+            raise ValueError(
+                "cache_scope tenant needs API keys (--api-key, --api-key-file): tenants are the keys' groups"
+            )
         return self
 
 

@@ -38,6 +38,12 @@ class Metrics:
         self.items = Counter(
             "mmencode_items", "Items answered, by where their embedding came from.", ["source"], registry=r
         )
+        self.inflight_coalesced = Counter(
+            "mmencode_inflight_coalesced",
+            "Items answered from an encode another request had started for the same content (single flight), "
+            "instead of being encoded again.",
+            registry=r,
+        )
         self.queue_depth = Gauge(
             "mmencode_queue_depth", "Requests waiting for the encoder: being preprocessed or queued.", registry=r
         )
@@ -78,6 +84,14 @@ class Metrics:
             "bytes pending).",
             ["op"], registry=r,
         )  # fmt: skip
+        self.shared_leases = Counter(
+            "mmencode_shared_lease",
+            "Leases across replicas on items about to be encoded (--shared-cache), by result: acquired (this "
+            "replica encodes), waited (another replica's value answered), took_over (its holder vanished; this "
+            "replica encodes), gave_up (waited --shared-cache-lease-wait) and unavailable (the store could not "
+            "be asked): those two encode without a lease.",
+            ["result"], registry=r,
+        )  # fmt: skip
         self.shared_cache_pending_bytes = Gauge(
             "mmencode_shared_cache_pending_bytes",
             "Bytes of values being written to the shared tier in the background (--shared-cache-pending-bytes).",
@@ -96,9 +110,26 @@ class Metrics:
         self.ready = Gauge("mmencode_ready", "1 when the model is loaded, warm and the worker alive.", registry=r)
         self.ec_cache_writes = Counter(
             "mmencode_ec_cache_writes",
-            "Encoder-cache files for vLLM (--ec-shared-storage), by result: written, present (skipped) or error.",
+            "Encoder-cache files for vLLM (--ec-shared-storage), by result: written, present (skipped), refused "
+            "(the budget is held by files younger than --ec-min-age) or error.",
             ["result"], registry=r,
         )  # fmt: skip
+        self.ec_storage_bytes = Gauge(
+            "mmencode_ec_storage_bytes",
+            "Bytes of encoder-cache files in --ec-shared-storage (every replica's), as this process last counted "
+            "them (--ec-storage-bytes is the budget).",
+            registry=r,
+        )
+        self.ec_storage_files = Gauge(
+            "mmencode_ec_storage_files",
+            "Encoder-cache files in --ec-shared-storage (every replica's), as this process last counted them.",
+            registry=r,
+        )
+        self.ec_storage_evictions = Counter(
+            "mmencode_ec_storage_evictions",
+            "Encoder-cache files this process removed to keep --ec-shared-storage within --ec-storage-bytes.",
+            registry=r,
+        )
         self.sglang_pushes = Counter(
             "mmencode_sglang_pushes",
             "ZMQ messages pushed to SGLang language servers, by kind (embedding or error) and result (ok or failed).",

@@ -58,7 +58,14 @@ def create_app(settings: Settings) -> FastAPI:
     engine = Engine.from_settings(settings, metrics, frame_choices={"sglang": SGLANG_FRAMES})
     # Peers' formats: vLLM's encoder-cache files (opt-in) and SGLang's encoder protocol.
     ec_writer = (
-        EncoderCacheWriter(settings.ec_shared_storage, _ec_dtype(settings), metrics, executor=engine.io_executor)
+        EncoderCacheWriter(
+            settings.ec_shared_storage,
+            _ec_dtype(settings),
+            metrics,
+            executor=engine.io_executor,
+            max_bytes=settings.ec_storage_bytes,
+            min_age_s=settings.ec_min_age,
+        )
         if settings.ec_shared_storage is not None
         else None
     )
@@ -103,6 +110,8 @@ def create_app(settings: Settings) -> FastAPI:
     )
 
     async def start() -> None:
+        if ec_writer is not None:
+            await ec_writer.open()  # counted (and trimmed) before the first answer names a file
         await engine.start()
         if registration is not None and engine.ready:
             registration.start()
@@ -111,6 +120,7 @@ def create_app(settings: Settings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # Load in the background: /health answers while the model loads, /ready waits for it.
         loading = asyncio.create_task(start(), name="mmencode-load")
+        upkeep = asyncio.create_task(ec_writer.keep_up(), name="mmencode-ec-upkeep") if ec_writer else None
         if front_door is not None:
             front_door.pool.start()
         if pusher is not None:
@@ -119,6 +129,8 @@ def create_app(settings: Settings) -> FastAPI:
         try:
             yield
         finally:
+            if upkeep is not None:
+                upkeep.cancel()
             if not loading.done():
                 loading.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -153,10 +165,12 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.mooncake_pusher = pusher
     # Outermost last: the request context wraps everything, the body limit sits inside it.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, metrics=metrics)
-    api_keys = settings.api_keys()
+    api_keys = settings.api_key_tenants()
     if api_keys:
         # Outside the body limit: a request without a key is refused before its body is read.
-        app.add_middleware(ApiKeyMiddleware, keys=api_keys, metrics=metrics)
+        app.add_middleware(
+            ApiKeyMiddleware, keys=api_keys, metrics=metrics, scope_by_tenant=settings.scoped_by_tenant()
+        )
     app.add_middleware(RequestContextMiddleware, metrics=metrics)
     install_error_handlers(app)
     routers = (encode.router, embeddings.router, chat.router, health.router, sglang.router)

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from mmencode.app.config import Settings
-from mmencode.app.engine.cache import CacheTier, LRUEmbeddingCache, SharedCache, TieredCache
+from mmencode.app.engine.cache import CacheTier, Leases, LRUEmbeddingCache, SharedCache, TieredCache
 from mmencode.app.engine.compute_gate import ComputeGate, GatedThreadPool
 from mmencode.app.engine.errors import ModelNotFound, NotReady
 from mmencode.app.engine.scheduler import PrecomputedMode, Scheduler
@@ -278,9 +278,18 @@ class Engine:
         )
         self.adapter, self.worker = adapter, worker
         tiers: list[CacheTier] = [self.local_cache]
+        leases = None
         if self.settings.shared_cache:
-            tiers.append(self._shared_cache(adapter))
-        self.cache = TieredCache(tiers, self.metrics)
+            shared = self._shared_cache(adapter)
+            tiers.append(shared)
+            if self.settings.shared_cache_lease_wait > 0:
+                leases = Leases(
+                    shared,
+                    ttl_s=self.settings.shared_cache_lease_ttl,
+                    wait_s=self.settings.shared_cache_lease_wait,
+                    metrics=self.metrics,
+                )
+        self.cache = TieredCache(tiers, self.metrics, leases=leases)
         self._scheduler = Scheduler(
             adapter,
             worker,
@@ -385,10 +394,13 @@ class Engine:
         assert self.adapter is not None
         return self._info_of(self.adapter)
 
-    async def encode(self, items: Sequence[Item], mode: PrecomputedMode = "strict") -> list[ItemResult]:
+    async def encode(
+        self, items: Sequence[Item], mode: PrecomputedMode = "strict", *, scope: str | None = None
+    ) -> list[ItemResult]:
         """Rows and metadata per item, in request order (the scheduler's rules, app/engine/scheduler.py);
-        raises ``NotReady`` (503) until the model is loaded and warm."""
-        return await self._require_ready().encode(items, mode)
+        raises ``NotReady`` (503) until the model is loaded and warm. ``scope``: the request's cache scope
+        (its tenant's, ``--cache-scope tenant``; None: the cache every request shares)."""
+        return await self._require_ready().encode(items, mode, scope)
 
     @property
     def image_processor_backend(self) -> str | None:

@@ -11,14 +11,15 @@ whole: the first failing item (lowest index) names the error.
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import torch
 
-from mmencode.app.engine.cache import CachedEmbedding, TieredCache, content_hash
+from mmencode.app.engine.cache import CachedEmbedding, Leases, TieredCache, content_hash, scoped_key
 from mmencode.app.engine.errors import (
     InternalError,
     InvalidAudio,
@@ -38,6 +39,7 @@ from mmencode.app.engine.errors import (
     UnsupportedModality,
     ValidationFailed,
 )
+from mmencode.app.engine.flights import Flight, Flights, Landed, Outcome
 from mmencode.app.engine.precomputed import decode_precomputed
 from mmencode.app.engine.types import Item, ItemResult, Limits, SamplingRule, VideoItem
 from mmencode.app.engine.worker import EncoderWorker, QueueBytesFull, QueueFull, Reservation, TokenDrift, WorkerStopped
@@ -87,6 +89,7 @@ class _Pending:
 
     index: int
     hash: str
+    key: str  # the cache key: the hash, in the request's cache scope
     data: bytes
     kind: Modality
     sampling: VideoSampling
@@ -116,24 +119,29 @@ class Scheduler:
         self.video_sampling = video_sampling  # the rule of a video item that names none (--video-sampling)
         # What each rule but the checkpoint's own hands the adapter (SGLang's frame choice, from the peers).
         self.frame_choices = dict(frame_choices or {})
+        # Encodes under way, by cache key: a request that misses the cache for one of them waits for it.
+        self.flights = Flights()
 
     @property
     def pooled_width(self) -> int:
         """The leading columns of a row that a pooled vector averages (``EncoderAdapter.pooled_width``)."""
         return self.adapter.pooled_width
 
-    async def encode(self, items: Sequence[Item], mode: PrecomputedMode = "strict") -> list[ItemResult]:
-        """Results in request order. Past the deadline: ``timeout``, and queued work is dropped."""
+    async def encode(
+        self, items: Sequence[Item], mode: PrecomputedMode = "strict", scope: str | None = None
+    ) -> list[ItemResult]:
+        """Results in request order. Past the deadline: ``timeout``, and queued work no other request waits
+        for is dropped. ``scope``: the cache scope (a tenant's), whose cached rows no other scope sees."""
         try:
             async with asyncio.timeout(self.limits.request_timeout):
-                return await self._encode(items, mode)
+                return await self._encode(items, mode, scope)
         except TimeoutError:
             raise RequestTimeout(
                 f"the request took longer than {self.limits.request_timeout}s",
                 details={"timeout_s": self.limits.request_timeout},
             ) from None
 
-    async def _encode(self, items: Sequence[Item], mode: PrecomputedMode) -> list[ItemResult]:
+    async def _encode(self, items: Sequence[Item], mode: PrecomputedMode, scope: str | None) -> list[ItemResult]:
         if len(items) > self.limits.max_items:
             raise PayloadTooLarge(
                 f"{len(items)} items, over the limit of {self.limits.max_items} per request (--max-items-per-request)",
@@ -154,7 +162,7 @@ class Scheduler:
         expected_rows = self._check_metadata(items, precomputed)
         for index in precomputed:
             results[index] = self._precomputed_result(index, items[index], expected_rows[index])
-        for result in await self._resolve_raw(items, missing):
+        for result in await self._resolve_raw(items, missing, scope):
             results[result.index] = result
         ordered = [results[i] for i in range(len(items))]
         for result in ordered:
@@ -233,7 +241,7 @@ class Scheduler:
         return ItemResult(index, "precomputed", None, dict(item.metadata), rows)
 
     # ----- raw items: hash, cache, decode, encode -----
-    async def _resolve_raw(self, items: Sequence[Item], indices: Sequence[int]) -> list[ItemResult]:
+    async def _resolve_raw(self, items: Sequence[Item], indices: Sequence[int], scope: str | None) -> list[ItemResult]:
         kinds = {i: items[i].kind for i in indices}
         fetched = await _gather_in_order(indices, [self._media_bytes(i, items[i]) for i in indices], kinds)
         results: list[ItemResult] = []
@@ -243,52 +251,155 @@ class Scheduler:
         copies: list[tuple[int, int]] = []  # (index, index of the first item with the same content)
         unique: list[tuple[int, bytes | None, str]] = []
         for index, data in zip(indices, fetched, strict=True):
-            key = items[index].hash if data is None else content_hash(self._identity(items[index]), data)
-            assert key is not None  # an item without image bytes came with a hash
-            if key in first_of:
-                copies.append((index, first_of[key]))
+            content = items[index].hash if data is None else content_hash(self._identity(items[index]), data)
+            assert content is not None  # an item without image bytes came with a hash
+            if content in first_of:
+                copies.append((index, first_of[content]))
                 continue
-            first_of[key] = index
-            unique.append((index, data, key))
-        hits = await self.cache.get_many([key for _, _, key in unique])  # local, then shared: one round trip
-        for (index, data, key), hit in zip(unique, hits, strict=True):
+            first_of[content] = index
+            unique.append((index, data, content))
+        # local, then shared: one round trip
+        hits = await self.cache.get_many([scoped_key(scope, content) for _, _, content in unique])
+        for (index, data, content), hit in zip(unique, hits, strict=True):
             if hit is not None:
-                results.append(ItemResult(index, "cache", key, dict(hit.value.metadata), hit.value.rows))
+                results.append(ItemResult(index, "cache", content, dict(hit.value.metadata), hit.value.rows))
             elif data is None:
                 raise UnknownHash(
-                    f"hash {key!r} is not in the cache; send the image instead",
+                    f"hash {content!r} is not in the cache; send the image instead",
                     location=ItemLocation(index, ("hash",)),
-                    details={"hash": key},
+                    details={"hash": content},
                 )
             else:
                 item = items[index]
+                key = scoped_key(scope, content)
                 if isinstance(item, VideoItem):
-                    pending.append(_Pending(index, key, data, "video", self._sampling(item), item.frames_fps))
+                    pending.append(_Pending(index, content, key, data, "video", self._sampling(item), item.frames_fps))
                 else:
-                    pending.append(_Pending(index, key, data, item.kind, VideoSampling(), None))
+                    pending.append(_Pending(index, content, key, data, item.kind, VideoSampling(), None))
         if pending:
-            results.extend(await self._encode_pending(pending))
+            results.extend(await self._encode_missing(pending))
         by_index = {result.index: result for result in results}
         for index, first in copies:
             original = by_index[first]
             results.append(ItemResult(index, original.source, original.hash, dict(original.metadata), original.rows))
         return results
 
-    async def _encode_pending(self, pending: list[_Pending]) -> list[ItemResult]:
+    async def _encode_missing(self, pending: list[_Pending]) -> list[ItemResult]:
+        """Rows for items the cache missed: each joins the flight already encoding its key, or the flight
+        this request starts for the rest (app/engine/flights.py). An item whose flight abandoned it is asked
+        for again; the lowest index whose item failed names the error, in this request's terms."""
         results: list[ItemResult] = []
-        loop = asyncio.get_running_loop()
-        # Admitted, or refused, before any decoding: an overloaded service spends no CPU on a 503.
-        with self._reserve() as reservation:
-            prepared = await _gather_in_order(
-                [p.index for p in pending],
-                [loop.run_in_executor(self.pool, self._prepare, p) for p in pending],
-                {p.index: p.kind for p in pending},
-            )
-            rows = await self._run_encoder(prepared, [p.index for p in pending], reservation)
-        for entry, item, item_rows in zip(pending, prepared, rows, strict=True):
-            self.cache.put(entry.hash, CachedEmbedding(item_rows, item.metadata))
-            results.append(ItemResult(entry.index, "encoder", entry.hash, dict(item.metadata), item_rows))
+        while pending:
+            waits: list[tuple[_Pending, Flight]] = []
+            mine: list[_Pending] = []
+            for entry in pending:
+                flight = self.flights.get(entry.key)
+                if flight is not None:
+                    waits.append((entry, flight))
+                    continue
+                # A flight that landed since this request's lookup has filled the cache (before it left
+                # the table: both happen on this event loop).
+                cached = self.cache.peek_local(entry.key)
+                if cached is not None:
+                    results.append(ItemResult(entry.index, "cache", entry.hash, dict(cached.metadata), cached.rows))
+                else:
+                    mine.append(entry)
+            own = None
+            if mine:
+                own = self.flights.start({entry.key: entry.index for entry in mine}, self._encode_group(mine))
+                waits.extend((entry, own) for entry in mine)
+            # Nothing to wait for when every item's flight landed while this request asked the shared store.
+            await self.flights.wait(flight for _, flight in waits)
+            retry: list[_Pending] = []
+            failures: list[tuple[int, BaseException]] = []
+            for entry, flight in waits:
+                outcome = flight.outcome(entry.key)
+                if outcome is None:
+                    retry.append(entry)
+                elif isinstance(outcome, Landed):
+                    if flight is not own:
+                        self.metrics.inflight_coalesced.inc()
+                    # Encoded for this request: by its own flight, here (not another request's, another replica's).
+                    source: Literal["encoder", "cache"] = "encoder" if flight is own and outcome.encoded else "cache"
+                    value = outcome.value
+                    results.append(ItemResult(entry.index, source, entry.hash, dict(value.metadata), value.rows))
+                else:
+                    if flight is not own:
+                        outcome = _relocated(outcome, flight.origin[entry.key], entry.index)
+                    failures.append((entry.index, outcome))
+            if failures:
+                raise min(failures, key=lambda failure: failure[0])[1]
+            pending = retry
         return results
+
+    async def _encode_group(self, pending: list[_Pending]) -> dict[str, Outcome]:
+        """A flight's work: the rows or the error of each of ``pending``'s keys. With leases across replicas
+        (app/engine/cache/lease.py), only the items no other replica is encoding are encoded here; the others'
+        values are awaited from the shared store, and encoded here only if they do not come."""
+        leases = self.cache.leases
+        if leases is None:
+            return await self._encode_now(pending)
+        claim = await leases.claim([entry.key for entry in pending])
+        mine = set(claim.ours)
+        try:
+            here, elsewhere = await asyncio.gather(
+                self._encode_now([entry for entry in pending if entry.key in mine]),
+                self._encode_elsewhere([entry for entry in pending if entry.key not in mine], leases),
+            )
+        finally:
+            leases.release(claim.ours)  # once their values are written: a waiter then finds them
+        return {**here, **elsewhere}
+
+    async def _encode_elsewhere(self, pending: list[_Pending], leases: Leases) -> dict[str, Outcome]:
+        """The rows of items another replica is encoding, from the shared store once it has written them;
+        those it leaves (it died, failed, or took longer than the wait) are encoded here."""
+        if not pending:
+            return {}
+        found, left = await leases.wait([entry.key for entry in pending])
+        outcomes: dict[str, Outcome] = {}
+        for entry in pending:
+            value = found.get(entry.key)
+            if value is not None:
+                self.cache.keep_local(entry.key, value)
+                outcomes[entry.key] = Landed(value, encoded=False)
+        try:
+            outcomes.update(await self._encode_now([entry for entry in pending if entry.key in set(left)]))
+        finally:
+            leases.release(left)
+        return outcomes
+
+    async def _encode_now(self, pending: list[_Pending]) -> dict[str, Outcome]:
+        """Decode, preprocess and encode ``pending`` here as one job, and fill the cache. An item that fails
+        to decode or preprocess fails its key and leaves the others unanswered (abandoned: their request fails
+        on the failed item, whoever else waits for them asks again)."""
+        if not pending:
+            return {}
+        loop = asyncio.get_running_loop()
+        try:
+            # Admitted, or refused, before any decoding: an overloaded service spends no CPU on a 503.
+            with self._reserve() as reservation:
+                prepared = await asyncio.gather(
+                    *[loop.run_in_executor(self.pool, self._prepare, entry) for entry in pending],
+                    return_exceptions=True,
+                )
+                failed: dict[str, Outcome] = {}
+                for entry, outcome in zip(pending, prepared, strict=True):
+                    if isinstance(outcome, ServiceError):
+                        failed[entry.key] = outcome.at_item(entry.index, (entry.kind,))
+                    elif isinstance(outcome, BaseException):
+                        failed[entry.key] = outcome
+                if failed:
+                    return failed
+                ready = [item for item in prepared if isinstance(item, PreparedItem)]
+                rows = await self._run_encoder(ready, [entry.index for entry in pending], reservation)
+        except Exception as exc:  # the job's own error (overloaded, not ready, drift): every key shares it
+            return dict.fromkeys((entry.key for entry in pending), exc)
+        answers: dict[str, Outcome] = {}
+        for entry, item, item_rows in zip(pending, ready, rows, strict=True):
+            value = CachedEmbedding(item_rows, item.metadata)
+            self.cache.put(entry.key, value)
+            answers[entry.key] = Landed(value, encoded=True)
+        return answers
 
     def _identity(self, item: Item) -> str:
         """What a content hash covers beside the file's bytes: the model, and for a video the video
@@ -426,6 +537,31 @@ class Scheduler:
             raise
         except Exception as exc:
             raise InternalError(f"the encoder failed on this request: {type(exc).__name__}") from exc
+
+
+def _relocated(error: BaseException, origin: int, index: int) -> BaseException:
+    """``error``, met at item ``origin`` of the request that started a flight, as it reads for another
+    request's item ``index``: the item named by its own index, the job's row counts for that item alone."""
+    if not isinstance(error, ServiceError):
+        return InternalError(f"the encoder failed on this request: {type(error).__name__}")
+    moved = copy.copy(error)
+    moved.details = copy.deepcopy(error.details)
+    moved.headers = dict(error.headers)
+    if error.location is not None and error.location.index is not None:
+        moved.location = replace(error.location, index=index)
+    if isinstance(error, TokenCountMismatch) and error.details is not None:
+        owner = next((entry for entry in error.details.get("items", []) if entry["index"] == origin), None)
+        if owner is not None:
+            moved = TokenCountMismatch(
+                f"the encoder produced {owner['produced']} rows, but the preprocessor predicted "
+                f"{owner['expected']} for item {index}; the checkpoint's processor and model configs disagree",
+                details={
+                    "expected_total": owner["expected"],
+                    "produced_total": owner["produced"],
+                    "items": [{**owner, "index": index}],
+                },
+            )
+    return moved
 
 
 async def _gather_in_order(

@@ -29,6 +29,8 @@ class RequestContext:
     error_code: str | None = None  # set when the answer is an error
     upstream: str | None = None  # the chat front door's upstream(s) asked
     locator: ErrorLocator = ENCODE_LOCATOR  # how errors name this API's items
+    # The cache scope of the request's tenant (--cache-scope tenant; app/http/auth.py); None: the shared one.
+    cache_scope: str | None = None
 
 
 def context_of(scope: MutableMapping[str, Any] | Any) -> RequestContext:

@@ -12,6 +12,7 @@ The tests that kill servers come last, in file order.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import time
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ import openai
 import pytest
 from PIL import ImageOps
 
+from mmencode.app.peers.vllm.ec_storage import EC_LOCK_NAME
 from mmencode.models.tiny import build_tiny
 from mmencode.models.tiny.servable import MAX_POSITIONS
 from tests.helpers import LiveServer, data_uri, live_server, noise_image
@@ -362,6 +364,90 @@ def test_ec_transport_sends_nothing_whose_files_do_not_exist(upstreams: Upstream
         assert isinstance(refused.value.body, dict) and refused.value.body["code"] == "ec_write_failed"
     assert received(upstreams.c) == before
     assert upstreams.c.alive()
+
+
+def test_ec_transport_within_a_small_budget_three_times_over(upstreams: Upstreams) -> None:
+    """A budget of four files and twelve new images through the ec transport, two at a time: the directory
+    stays within the budget, no file is removed younger than --ec-min-age (a watcher sees every file's
+    latest time and when it went), and vLLM answers every request it is sent (a file removed before it read
+    one would kill its engine). A request the budget has no room for (every file young) is refused here
+    with 503 ec_write_failed, never sent, and answered when the client tries again."""
+    min_age = 1.0
+    images = [noise_image(64 + 3 * i, 48 + 2 * i, seed=700 + i) for i in range(12)]
+    with live_server(model=upstreams.checkpoint) as plain:
+        shapes = [
+            httpx.post(plain.url + "/v1/encode", json={"items": [{"image": data_uri(image)}]}, timeout=60).json()[
+                "items"
+            ][0]["embedding"]["shape"]
+            for image in images
+        ]
+    # Four of the largest files (float32 rows, the files' dtype on a CPU, and a safetensors header).
+    budget = 4 * (max(rows * width for rows, width in shapes) * 4 + 128)
+    storage = upstreams.storage
+    seen: dict[Path, float] = {}  # a file's latest modification time seen
+    early: list[str] = []  # files gone sooner than the minimum age after their latest time
+    over: list[int] = []
+    watching = True
+
+    def watch() -> None:
+        while watching:
+            # Under the writers' lock: a listing is not atomic, so without it a file removed after it was
+            # listed and one written before the listing ended would both count.
+            with open(storage / EC_LOCK_NAME, "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                now = time.time()
+                present: dict[Path, tuple[float, int]] = {}
+                for file in storage.glob("*/encoder_cache.safetensors"):
+                    with contextlib.suppress(FileNotFoundError):
+                        info = file.stat()
+                        present[file] = (info.st_mtime, info.st_size)
+            for file, latest in seen.items():
+                if file not in present and file.exists() is False and now - latest < min_age:
+                    early.append(f"{file.parent.name[:8]} gone {now - latest:.3f}s after its latest time")
+            seen.clear()
+            seen.update({file: mtime for file, (mtime, _) in present.items()})
+            total = sum(size for _, size in present.values())
+            if total > budget:
+                over.append(total)
+            time.sleep(0.01)
+
+    before = received(upstreams.c)
+    with live_server(
+        model=upstreams.checkpoint,
+        upstream=[upstreams.c.url],
+        upstream_transport="ec",
+        ec_shared_storage=storage,
+        ec_storage_bytes=budget,
+        ec_min_age=min_age,
+    ) as door_small:
+
+        def ask(image: Any) -> int:
+            for attempt in range(60):
+                try:
+                    greedy_text(door_small.url, image)
+                    return attempt
+                except openai.APIStatusError as refused:
+                    assert refused.status_code == 503 and isinstance(refused.body, dict)
+                    assert refused.body["code"] == "ec_write_failed"
+                    time.sleep(0.25)  # as a client retrying a 503 would
+            raise AssertionError("never answered")
+
+        watcher = ThreadPoolExecutor(max_workers=1)
+        watched = watcher.submit(watch)
+        try:
+            with ThreadPoolExecutor(max_workers=2) as senders:
+                retries = sum(senders.map(ask, images))
+        finally:
+            watching = False
+            watched.result(timeout=30)
+            watcher.shutdown()
+        evicted = door_metric(door_small, "mmencode_ec_storage_evictions_total")
+        refused = door_metric(door_small, "mmencode_ec_cache_writes_total", result="refused")
+    assert upstreams.c.alive(), upstreams.c.log_tail()
+    assert received(upstreams.c) - before == len(images)  # every image sent once, and answered
+    assert over == [] and early == [], (over, early)
+    assert evicted >= len(images) - 4
+    assert refused == retries
 
 
 # ----- upstreams that die (last: these kill servers) -----

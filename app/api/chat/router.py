@@ -82,7 +82,9 @@ async def chat_completions(request: Request, service: ChatServiceDep, metrics: M
     outcome = ChatOutcome()
     try:
         if chat.stream:
-            stream = await cancel_on_disconnect(request, service.stream(chat, outcome=outcome), metrics)
+            stream = await cancel_on_disconnect(
+                request, service.stream(chat, outcome=outcome, scope=context.cache_scope), metrics
+            )
             return StreamingResponse(
                 stream.body(),
                 media_type=stream.media_type,
@@ -91,7 +93,9 @@ async def chat_completions(request: Request, service: ChatServiceDep, metrics: M
                 # Releases the upstream even if the stream never started (a client gone at once).
                 background=BackgroundTask(stream.aclose),
             )
-        media_type, body = await cancel_on_disconnect(request, service.complete(chat, outcome=outcome), metrics)
+        media_type, body = await cancel_on_disconnect(
+            request, service.complete(chat, outcome=outcome, scope=context.cache_scope), metrics
+        )
         return Response(body, media_type=media_type)
     finally:
         # The access line names the upstream(s) asked: the one that answered last.

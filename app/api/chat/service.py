@@ -13,6 +13,7 @@ push did not complete is never sent (the consumer would wait for rows that never
 from __future__ import annotations
 
 import functools
+import contextlib
 import logging
 import time
 import uuid
@@ -176,23 +177,28 @@ class ChatService:
                 "(the directory the upstreams' ECExampleConnector reads)"
             )
 
-    async def complete(self, chat: ChatRequest, *, outcome: ChatOutcome | None = None) -> tuple[str, bytes]:
-        """A whole answer: ``(media type, body)``. ``outcome``: what the request did, filled in as it goes."""
+    async def complete(
+        self, chat: ChatRequest, *, outcome: ChatOutcome | None = None, scope: str | None = None
+    ) -> tuple[str, bytes]:
+        """A whole answer: ``(media type, body)``. ``outcome``: what the request did, filled in as it goes;
+        ``scope``: the request's cache scope (its tenant's)."""
         started = time.perf_counter()
-        answer = await self._open(chat, outcome or ChatOutcome())
+        answer = await self._open(chat, outcome or ChatOutcome(), scope)
         try:
             return answer.media_type, answer.first
         finally:
             await answer.aclose()
             self._metrics.chat_stage_seconds.labels("total").observe(time.perf_counter() - started)
 
-    async def stream(self, chat: ChatRequest, *, outcome: ChatOutcome | None = None) -> ChatStream:
+    async def stream(
+        self, chat: ChatRequest, *, outcome: ChatOutcome | None = None, scope: str | None = None
+    ) -> ChatStream:
         """A streamed answer whose upstream has already sent its success status and first bytes."""
         started = time.perf_counter()
-        answer = await self._open(chat, outcome or ChatOutcome())
+        answer = await self._open(chat, outcome or ChatOutcome(), scope)
         return ChatStream(answer.upstream.url, answer.media_type, answer, started, self._metrics)
 
-    async def _open(self, chat: ChatRequest, outcome: ChatOutcome) -> UpstreamAnswer:
+    async def _open(self, chat: ChatRequest, outcome: ChatOutcome, scope: str | None) -> UpstreamAnswer:
         chat = self._aliased(chat)
         # Refuse a model no upstream serves, or none available, before spending the encoder on it.
         self._pool.require(chat.model)
@@ -201,22 +207,26 @@ class ChatService:
         hashes: list[str] = []
         if chat.images:
             encode_started = time.perf_counter()
-            results = await self._encode(chat)
+            results = await self._encode(chat, scope)
             self._metrics.chat_stage_seconds.labels("encode").observe(time.perf_counter() - encode_started)
             hashes = [result.hash for result in results if result.hash is not None]
             outcome.tokens = sum(result.num_tokens for result in results)
             body = await self._rewritten(chat, results)
         else:
             body = orjson.dumps(chat.body)
-        answer = await self._forwarder.open(
-            body, model=chat.model, hashes=hashes, stream=chat.stream, tried=outcome.upstreams
-        )
+        # The connector files stay until the upstream has answered (it has read them by then), however long
+        # it takes: none is removed to make room meanwhile, by this replica or another.
+        writer = self._ec_writer if self._transport == "ec" else None
+        async with writer.pinned(hashes) if writer is not None else contextlib.nullcontext():
+            answer = await self._forwarder.open(
+                body, model=chat.model, hashes=hashes, stream=chat.stream, tried=outcome.upstreams
+            )
         self._metrics.chat_stage_seconds.labels("upstream_first_byte").observe(answer.first_byte_s)
         self._pool.remember(answer.upstream, hashes)
         return answer
 
-    async def _encode(self, chat: ChatRequest) -> list[ItemResult]:
-        results = await self._engine.encode([ImageItem(file=image.source) for image in chat.images])
+    async def _encode(self, chat: ChatRequest, scope: str | None) -> list[ItemResult]:
+        results = await self._engine.encode([ImageItem(file=image.source) for image in chat.images], scope=scope)
         if self._transport == "ec":
             assert self._ec_writer is not None
             paths = await self._ec_writer.write_all([(result.hash, result.rows) for result in results])

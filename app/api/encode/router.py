@@ -39,7 +39,8 @@ async def encode(request: Request, service: EncodeServiceDep, settings: Settings
         options, items = parse_json(await request.body())
     media_type = _answer_media_type(options, request.headers.get("accept"))
     context = context_of(request)
-    work = service.encode(options, items, binary=media_type != JSON_MEDIA_TYPE, request_id=context.request_id)
+    binary = media_type != JSON_MEDIA_TYPE
+    work = service.encode(options, items, binary=binary, request_id=context.request_id, scope=context.cache_scope)
     answer = await cancel_on_disconnect(request, work, metrics)
     context.items, context.tokens = answer.items, answer.tokens
     return Response(answer.body, media_type=media_type, headers={"Vary": "Accept"})

@@ -55,12 +55,15 @@ class EncodeService:
         self._pusher = pusher
         self._push_consumers = frozenset(push_consumers)
 
-    async def encode(self, options: EncodeOptions, items: list[Item], *, binary: bool, request_id: str) -> EncodeAnswer:
-        """The answer to ``items``: a safetensors container when ``binary``, else JSON."""
+    async def encode(
+        self, options: EncodeOptions, items: list[Item], *, binary: bool, request_id: str, scope: str | None = None
+    ) -> EncodeAnswer:
+        """The answer to ``items``: a safetensors container when ``binary``, else JSON. ``scope``: the
+        request's cache scope (its tenant's)."""
         self._engine.check_model(options.model)
         target = options.ec_transfer_params
         consumer = self._push_target(target, len(items)) if target is not None else None
-        results = await self._engine.encode(items, options.precomputed)
+        results = await self._engine.encode(items, options.precomputed, scope=scope)
         answer = _answer(request_id, self._engine.model_name, results)
         if target is not None and consumer is not None:
             # Answered once every item is complete on the consumer: the proxy's chat request may follow at once.

@@ -31,7 +31,7 @@ router = APIRouter(
 async def embeddings(
     body: EmbeddingsRequest, request: Request, service: EmbeddingsServiceDep, metrics: MetricsDep
 ) -> Response:
-    answer = await cancel_on_disconnect(request, service.embed(body), metrics)
+    answer = await cancel_on_disconnect(request, service.embed(body, scope=context_of(request).cache_scope), metrics)
     context = context_of(request)
     context.items, context.tokens = len(answer["data"]), answer["usage"]["total_tokens"]
     return JSONBytesResponse(answer)

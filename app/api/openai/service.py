@@ -27,8 +27,8 @@ class EmbeddingsService:
         # The chat front door's upstreams' models, listed beside the encoder's own.
         self._upstream_models = upstream_models
 
-    async def embed(self, body: EmbeddingsRequest) -> dict[str, Any]:
-        """OpenAI's answer, with ``usage`` counting the images' rows."""
+    async def embed(self, body: EmbeddingsRequest, *, scope: str | None = None) -> dict[str, Any]:
+        """OpenAI's answer, with ``usage`` counting the images' rows; ``scope``: the request's cache scope."""
         self._engine.check_model(body.model)
         width = self._engine.info.pooled_width
         if body.dimensions is not None and body.dimensions != width:
@@ -39,7 +39,7 @@ class EmbeddingsService:
                 details={"requested": body.dimensions, "supported": [width]},
             )
         inputs = [body.input] if isinstance(body.input, str) else body.input
-        results = await self._engine.encode([_item(source, body.modality) for source in inputs])
+        results = await self._engine.encode([_item(source, body.modality) for source in inputs], scope=scope)
         tokens = sum(result.num_tokens for result in results)
         data = []
         for result in results:

@@ -18,7 +18,7 @@ from typing import Any, Literal
 import blake3
 import torch
 
-__all__ = ["CachedEmbedding", "LRUEmbeddingCache", "Tier", "content_hash"]
+__all__ = ["CachedEmbedding", "LRUEmbeddingCache", "Tier", "content_hash", "scoped_key"]
 
 # Where a hit came from, for the metrics.
 Tier = Literal["local", "shared"]
@@ -29,6 +29,12 @@ def content_hash(model_fingerprint: str, image_bytes: bytes) -> str:
     hasher = blake3.blake3(model_fingerprint.encode())
     hasher.update(image_bytes)
     return hasher.hexdigest(length=16)
+
+
+def scoped_key(scope: str | None, content_hash: str) -> str:
+    """The cache key of ``content_hash`` in a cache scope (a tenant's: ``--cache-scope tenant``); the hash
+    itself in the global scope. Scopes are hex digests, so a scoped key is never another scope's, nor a hash."""
+    return content_hash if scope is None else f"{scope}/{content_hash}"
 
 
 @dataclass(frozen=True, slots=True)

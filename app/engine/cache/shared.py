@@ -115,9 +115,15 @@ class SharedCache:
         self._resting_until = 0.0
         self._failing = False
         self._writes: set[asyncio.Task[None]] = set()
+        self._write_of: dict[str, asyncio.Task[None]] = {}  # the latest write of each key, while it runs
 
     def key(self, content_hash: str) -> str:
         return self._prefix + content_hash
+
+    @property
+    def client(self) -> aioredis.Redis:
+        """The store's client (for the leases beside the values: app/engine/cache/lease.py)."""
+        return self._client
 
     @property
     def available(self) -> bool:
@@ -133,9 +139,13 @@ class SharedCache:
             # decode_responses is off: values come back as bytes.
             blobs = cast(list[bytes | None], await self._client.mget([self.key(h) for h in hashes]))
         except Exception as exc:
-            self._failed("get", exc)
+            self.failed("get", exc)
             return [None] * len(hashes)
-        self._succeeded()
+        self.succeeded()
+        return await self.decode(hashes, blobs)
+
+    async def decode(self, hashes: list[str], blobs: list[bytes | None]) -> list[CachedEmbedding | None]:
+        """The values of ``blobs`` read for ``hashes``; an unreadable one is a miss (counted, logged)."""
         total = sum(len(blob) for blob in blobs if blob is not None)
         if total > _OFFLOAD_BYTES:
             return await in_executor(self._executor, self._decode_all, hashes, blobs)
@@ -176,9 +186,12 @@ class SharedCache:
         self._pending_bytes += stored_bytes
         task = asyncio.create_task(self._write(content_hash, value), name="mmencode-shared-cache-write")
         self._writes.add(task)
+        self._write_of[content_hash] = task
 
         def finished(task: asyncio.Task[None]) -> None:
             self._writes.discard(task)
+            if self._write_of.get(content_hash) is task:
+                del self._write_of[content_hash]
             self._pending_bytes -= stored_bytes
 
         task.add_done_callback(finished)
@@ -192,10 +205,16 @@ class SharedCache:
                 blob = encode_value(value, self.store_dtype)
             await self._client.set(self.key(content_hash), blob, ex=self.ttl_s or None)
         except Exception as exc:  # a background task: nothing may escape it unlogged
-            self._failed("set", exc)
+            self.failed("set", exc)
             return
-        self._succeeded()
+        self.succeeded()
         self.metrics.shared_cache_bytes_written.inc(len(blob))
+
+    async def written(self, content_hash: str) -> None:
+        """Once the write of ``content_hash`` under way (if any) has ended, stored or not."""
+        task = self._write_of.get(content_hash)
+        if task is not None:
+            await asyncio.wait([task])
 
     async def flush(self) -> None:
         """Wait for the writes under way (tests, and a graceful stop)."""
@@ -213,7 +232,8 @@ class SharedCache:
         await self._client.aclose()
 
     # ----- health -----
-    def _failed(self, op: str, exc: Exception) -> None:
+    def failed(self, op: str, exc: Exception) -> None:
+        """An operation failed: counted, said once in the log, and the tier rests a while."""
         self.metrics.shared_cache_errors.labels(op).inc()
         self._resting_until = time.monotonic() + self.retry_after_s
         if not self._failing:
@@ -226,7 +246,7 @@ class SharedCache:
                 self.retry_after_s,
             )
 
-    def _succeeded(self) -> None:
+    def succeeded(self) -> None:
         if self._failing:
             self._failing = False
             logger.info("shared cache %s is answering again", self.location)

@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from mmencode.app.engine.cache.local import CachedEmbedding, Tier
+from mmencode.app.engine.cache.lease import Leases
+from mmencode.app.engine.cache.local import CachedEmbedding, LRUEmbeddingCache, Tier
 from mmencode.app.metrics import Metrics
 
 __all__ = ["CacheTier", "Hit", "TieredCache"]
@@ -41,9 +42,11 @@ class Hit:
 class TieredCache:
     """The tiers in lookup order, built whole once the model (whose fingerprint names shared keys) is known."""
 
-    def __init__(self, tiers: Sequence[CacheTier], metrics: Metrics) -> None:
+    def __init__(self, tiers: Sequence[CacheTier], metrics: Metrics, *, leases: Leases | None = None) -> None:
         self.tiers = tuple(tiers)
         self.metrics = metrics
+        # Leases on the shared tier's keys: one encode per item across replicas (app/engine/cache/lease.py).
+        self.leases = leases
 
     async def get_many(self, hashes: list[str]) -> list[Hit | None]:
         """A hit or ``None`` per hash, in order. Hits are kept in the tiers asked before the one that had it."""
@@ -65,11 +68,23 @@ class TieredCache:
             missing = still_missing
         return hits
 
+    def peek_local(self, key: str) -> CachedEmbedding | None:
+        """The first tier's value, without waiting (the in-process LRU answers at once)."""
+        first = self.tiers[0] if self.tiers else None
+        return first.get(key) if isinstance(first, LRUEmbeddingCache) else None
+
     def put(self, content_hash: str, value: CachedEmbedding) -> None:
         """Kept in every tier: locally now, in a shared store in the background."""
         for tier in self.tiers:
             tier.put(content_hash, value)
 
+    def keep_local(self, content_hash: str, value: CachedEmbedding) -> None:
+        """Kept in the tiers before the last (a value read from the shared store, which has it already)."""
+        for tier in self.tiers[:-1]:
+            tier.put(content_hash, value)
+
     async def aclose(self) -> None:
+        if self.leases is not None:
+            await self.leases.aclose()
         for tier in self.tiers:
             await tier.aclose()
