@@ -54,11 +54,16 @@ class Tally:
     latencies: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     rounds: list[float] = field(default_factory=list)  # images/s of each round
+    client_cpu_seconds: float = 0.0  # the load generator's own CPU over this side's turns (same two cores)
 
-    def add(self, images: int, seconds: float, cpu_seconds: float, latencies: list[float], errors: list[str]) -> None:
+    def add(
+        self, images: int, seconds: float, cpu_seconds: float, latencies: list[float], errors: list[str],
+        client_cpu_seconds: float = 0.0,
+    ) -> None:  # fmt: skip
         self.images += images
         self.seconds += seconds
         self.cpu_seconds += cpu_seconds
+        self.client_cpu_seconds += client_cpu_seconds
         self.latencies += latencies
         self.errors += errors
         self.rounds.append(images / seconds if seconds else 0.0)
@@ -72,6 +77,7 @@ class Tally:
             "p99_ms": round(percentile(ok, 99) * 1000, 1),
             "mean_ms": round(statistics.fmean(ok) * 1000, 1),
             "cpu_s_per_image": round(self.cpu_seconds / self.images, 4) if self.images else None,
+            "client_cpu_s_per_image": round(self.client_cpu_seconds / self.images, 4) if self.images else None,
             "rounds_images_per_s": [round(r, 2) for r in self.rounds],
             "errors": len(self.errors),
             "first_errors": self.errors[:3],
@@ -80,8 +86,9 @@ class Tally:
 
 async def drive_round(
     side: Side, images: Sequence[str], concurrency: int
-) -> tuple[int, float, float, list[float], list[str]]:
-    """Every image once through ``side``, ``concurrency`` at a time: (done, seconds, CPU seconds, latencies, errors)."""
+) -> tuple[int, float, float, list[float], list[str], float]:
+    """Every image once through ``side``, ``concurrency`` at a time: (done, seconds, the server's CPU seconds,
+    latencies, errors, the load generator's own CPU seconds)."""
     latencies: list[float] = []
     errors: list[str] = []
     pending = iter(enumerate(images))
@@ -94,11 +101,13 @@ async def drive_round(
                 errors.append(f"{type(exc).__name__}: {exc}"[:300])
 
     cpu_before = tree_cpu_seconds(side.pid)
+    client_before = time.process_time()
     started = time.perf_counter()
     await asyncio.gather(*(user() for _ in range(concurrency)))
     seconds = time.perf_counter() - started
+    client_cpu = time.process_time() - client_before
     cpu = tree_cpu_seconds(side.pid) - cpu_before
-    return len(latencies), seconds, cpu, latencies, errors
+    return len(latencies), seconds, cpu, latencies, errors, client_cpu
 
 
 async def interleaved(
@@ -112,8 +121,7 @@ async def interleaved(
     for r, images in enumerate(rounds):
         shift = r % len(sides)
         for side in [*sides[shift:], *sides[:shift]]:
-            done, seconds, cpu, latencies, errors = await drive_round(side, images, concurrency)
-            tallies[side.name].add(done, seconds, cpu, latencies, errors)
+            tallies[side.name].add(*await drive_round(side, images, concurrency))
         if on_round is not None:
             on_round(r, {name: tally.rounds[-1] for name, tally in tallies.items()})
     return tallies
