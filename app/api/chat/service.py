@@ -12,8 +12,8 @@ push did not complete is never sent (the consumer would wait for rows that never
 
 from __future__ import annotations
 
-import functools
 import contextlib
+import functools
 import logging
 import time
 import uuid
