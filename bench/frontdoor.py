@@ -37,8 +37,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.client import data_uri
 from bench.common import jpeg_images, percentile, service
+from bench.peers.vllm.server import SERVED_NAME, vllm_server
 from mmencode.models.tiny import build_tiny
-from tests.vllm_server.server import SERVED_NAME, vllm_server
 
 
 def time_to_first_token(client: httpx.Client, url: str, image: str, max_tokens: int) -> float:

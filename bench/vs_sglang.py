@@ -7,7 +7,7 @@ As a language-only SGLang server drives an encoder (``zmq_to_tokenizer``): a ZMQ
 and per image one ``POST /encode`` with SGLang's body (``mm_items: [data URI]``, ``embedding_port`` that
 socket's port); a request is done when its rows have been pushed there, and its latency is the time to the
 last pushed byte. SGLang 0.5.23 runs from ``.venv-sglang`` with the CPU flags and shims of
-``tests/sglang_server`` (float32, ``--encoder-transfer-backend zmq_to_tokenizer``); mmencode from this
+``bench/peers/sglang`` (float32, ``--encoder-transfer-backend zmq_to_tokenizer``); mmencode from this
 venv with ``--sglang-dtype float32``. Both at ``--log-level warning`` (neither pays for a log line per
 request) and otherwise their defaults; both serve the same servable checkpoint directory
 (``bench/checkpoints.py``: ``tiny`` Qwen2-VL, the ``mid`` tower in a Qwen2-VL, tiny Qwen2.5-VL and Qwen3-VL)
@@ -87,7 +87,7 @@ class EncoderSide:
 @contextlib.contextmanager
 def servers(checkpoint: Path, logs: Path) -> Iterator[dict[str, tuple[str, int]]]:
     """SGLang's encoder and mmencode on the checkpoint, started together: {side: (url, pid)}."""
-    from tests.sglang_server.server import sglang_server  # the harness the tests use, shims and flags
+    from bench.peers.sglang.server import sglang_server  # the harness the tests use, shims and flags
 
     def sglang() -> Any:
         manager = sglang_server(
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--root", type=Path, default=Path(".cache/bench"), help="checkpoints and images")
     parser.add_argument("--out", type=Path, help="the JSON (default: bench/results/vs_sglang-<time>.json)")
     args = parser.parse_args(argv)
-    from tests.sglang_server.server import SGLANG_VENV
+    from bench.peers.sglang.server import SGLANG_VENV
 
     if not (SGLANG_VENV / ".installed").is_file():
         sys.exit(f"{SGLANG_VENV} is missing: build it with `make sglang-env`")

@@ -123,7 +123,7 @@ class MmencodeSide:
 @contextlib.contextmanager
 def servers(checkpoint: Path, root: Path) -> Iterator[dict[str, tuple[str, int, Path]]]:
     """vLLM's encoder instance and mmencode on the checkpoint, each with its own storage: {side: (url, pid, dir)}."""
-    from tests.vllm_server.server import vllm_server  # the harness the tests use: the CPU recipe, its shims
+    from bench.peers.vllm.server import vllm_server  # the harness the tests use: the CPU recipe, its shims
 
     storage = {name: root / f"ec-{name}" for name in SIDES}
     for folder in storage.values():
@@ -175,7 +175,7 @@ async def measure_model(
     rounds: int,
     images_root: Path,
 ) -> dict[str, Any]:
-    from tests.vllm_server.server import SERVED_NAME
+    from bench.peers.vllm.server import SERVED_NAME
 
     results: dict[str, Any] = {}
     timeout = aiohttp.ClientTimeout(total=600)
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--root", type=Path, default=Path(".cache/bench"), help="checkpoints and images")
     parser.add_argument("--out", type=Path, help="the JSON (default: bench/results/vs_vllm_encoder-<time>.json)")
     args = parser.parse_args(argv)
-    from tests.vllm_server.server import VLLM_VENV
+    from bench.peers.vllm.server import VLLM_VENV
 
     if not (VLLM_VENV / ".installed").is_file():
         sys.exit(f"{VLLM_VENV} is missing: build it with `make vllm-env`")

@@ -89,7 +89,7 @@ def sglang_preprocess_video(cases: list[dict[str, Any]], tmp_path: Path) -> list
     """SGLang's ``preprocess_video`` on each case (sglang_video.py says what a case is), in the vLLM
     oracle's Python with the peers venv's sglang on its path: SGLang's video code needs torchvision, which
     only that environment has (beside the CPU torch, through its documented shim)."""
-    from tests.vllm_server.server import vllm_executable  # skips, or fails under CI, without .venv-vllm
+    from bench.peers.vllm.server import vllm_executable  # skips, or fails under CI, without .venv-vllm
 
     python = vllm_executable().parent / "python"
     (site_packages,) = (Path(peers_python()).parent.parent / "lib").glob("python3*/site-packages")

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 from PIL import Image, ImageOps
 
+from bench.peers.sglang.server import Answer, SGLangServer, chat, dispatched_items, register, sglang_server
 from mmencode.models.tiny import build_tiny
 from tests.helpers import clip, data_uri, mmencode_process, noise_image, plain_mmencode, video_data_uri
-from tests.sglang_server.server import Answer, SGLangServer, chat, dispatched_items, register, sglang_server
 
 FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
 TOLERANCE = 1e-4  # float32 on both sides: measured 2.4e-6 at most (README, "Use with SGLang")

@@ -18,9 +18,9 @@ from typing import Any
 import httpx
 import pytest
 
+from bench.peers.sglang.server import SGLangServer, chat, dispatched_items, register, sglang_server
 from mmencode.models.tiny import build_tiny
 from tests.helpers import audio_data_uri, mmencode_process, plain_mmencode, tone, wav
-from tests.sglang_server.server import SGLangServer, chat, dispatched_items, register, sglang_server
 
 RATE = 16_000
 

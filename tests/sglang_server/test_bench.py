@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench import vs_sglang
-from tests.sglang_server.server import sglang_python
+from bench.peers.sglang.server import sglang_python
 
 
 def test_a_short_run_measures_both_encoders_on_the_same_rows(

@@ -26,9 +26,9 @@ from typing import Any
 import httpx
 import pytest
 
+from bench.peers.sglang.server import SGLangServer, chat, chat_body, dispatched_items, register, sglang_server
 from mmencode.models.tiny import build_tiny
 from tests.helpers import data_uri, free_port, mmencode_process, noise_image, plain_mmencode
-from tests.sglang_server.server import SGLangServer, chat, chat_body, dispatched_items, register, sglang_server
 
 IMAGE = noise_image(168, 112, seed=501)
 TOLERANCE = 1e-4

@@ -114,3 +114,12 @@ def test_fastapi_is_known_to_the_http_layer_the_apis_and_the_composition_root_on
         and not any(_in(prefix, name) for prefix in allowed)
     )
     assert not users, users
+
+
+def test_the_benchmarks_import_nothing_from_the_tests() -> None:
+    """Tests build on bench/ (its client, media and peer servers), never the other way round."""
+    offenders = {
+        str(path.relative_to(ROOT)): sorted({name for name in _imports(path) if name.split(".")[0] == "tests"})
+        for path in (ROOT / "bench").rglob("*.py")
+    }
+    assert {path: names for path, names in offenders.items() if names} == {}

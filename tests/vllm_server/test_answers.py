@@ -40,9 +40,9 @@ import torch
 from PIL import Image, ImageOps
 from safetensors.torch import load_file, save_file
 
+from bench.peers.vllm.server import Answer, VllmServer, chat, chat_body, post_chat, vllm_server
 from mmencode.models.tiny import build_tiny
 from tests.helpers import LiveServer, data_uri, live_server, noise_image, readme_python
-from tests.vllm_server.server import Answer, VllmServer, chat, chat_body, post_chat, vllm_server
 
 TOLERANCE = 1e-4
 # Families whose `image_embeds` part vLLM 0.32 refuses (400): only the EC path feeds them mmencode's rows.

@@ -21,9 +21,9 @@ from typing import Any
 import httpx
 import pytest
 
+from bench.peers.vllm.server import VllmServer, chat, vllm_server
 from mmencode.models.tiny import build_tiny
 from tests.helpers import LiveServer, audio_data_uri, live_server, readme_python, tone, wav
-from tests.vllm_server.server import VllmServer, chat, vllm_server
 
 README = readme_python("Use with vLLM")
 

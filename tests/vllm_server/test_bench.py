@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench import vs_vllm_encoder
-from tests.vllm_server.server import vllm_executable
+from bench.peers.vllm.server import vllm_executable
 
 
 def test_a_short_run_measures_both_producers_writing_the_same_rows(

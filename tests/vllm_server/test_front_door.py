@@ -26,11 +26,11 @@ import openai
 import pytest
 from PIL import ImageOps
 
+from bench.peers.vllm.server import SERVED_NAME, VllmServer, chat_requests_received, metric, vllm_server
 from mmencode.app.peers.vllm.ec_storage import EC_LOCK_NAME
 from mmencode.models.tiny import build_tiny
 from mmencode.models.tiny.servable import MAX_POSITIONS
 from tests.helpers import LiveServer, data_uri, live_server, noise_image
-from tests.vllm_server.server import SERVED_NAME, VllmServer, chat_requests_received, metric, vllm_server
 
 PROMPT = "Describe the images."
 WIDE = noise_image(151, 97, seed=301)

@@ -39,9 +39,7 @@ import torch
 import zmq
 from PIL import ImageOps
 
-from mmencode.models.tiny import build_tiny
-from tests.helpers import LiveServer, data_uri, free_port, live_server, noise_image
-from tests.vllm_server.server import (
+from bench.peers.vllm.server import (
     Answer,
     MooncakeConsumer,
     VllmServer,
@@ -51,6 +49,8 @@ from tests.vllm_server.server import (
     greedy_body,
     vllm_server,
 )
+from mmencode.models.tiny import build_tiny
+from tests.helpers import LiveServer, data_uri, free_port, live_server, noise_image
 
 TOLERANCE = 1e-4
 # Qwen2-VL first: the faults (which come first in this file) run on its consumer, which then answers as

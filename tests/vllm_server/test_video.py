@@ -24,9 +24,9 @@ from typing import Any
 import httpx
 import pytest
 
+from bench.peers.vllm.server import Answer, VllmServer, chat, vllm_server
 from mmencode.models.tiny import build_tiny
 from tests.helpers import LiveServer, clip, live_server, readme_python, video_data_uri
-from tests.vllm_server.server import Answer, VllmServer, chat, vllm_server
 
 README = readme_python("Use with vLLM")  # the client code the README documents builds every part sent
 

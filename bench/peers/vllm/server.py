@@ -33,9 +33,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers import free_port
+from bench.client import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 VLLM_VENV = Path(os.environ.get("MMENCODE_VLLM_VENV") or ROOT / ".venv-vllm")
 MOONCAKE_SHIM = Path(__file__).resolve().parent / "mooncake_shim"
 SERVED_NAME = "tiny"

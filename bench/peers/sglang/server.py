@@ -29,12 +29,12 @@ from typing import Any, Literal
 import httpx
 import pytest
 
-from tests.helpers import free_port
+from bench.client import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SGLANG_VENV = ROOT / ".venv-sglang"
 STARTUP_TIMEOUT_S = 420
-# What SGLang needs on a CPU (measured: tests/sglang_server/README in the project README's "Use with SGLang"):
+# What SGLang needs on a CPU (measured: docs/sglang.md):
 # the torch-native attention and layers, no CUDA graphs, a fixed KV budget (on CPU the memory fraction
 # comes from the machine's free memory, so small fractions fail at random under load), no warm-up
 # request, and float32 (`auto` serves a float32 checkpoint as float16).

@@ -4,7 +4,7 @@ For a test oracle's environment only (SGLang 0.5.23 on torch 2.13.0+cpu, with no
 the CPU), never for mmencode's own. Run with the venv's own Python after the pinned requirements are
 installed; idempotent (a second run rewrites the same files and finds the text patch already applied).
 
-usage: .venv-sglang/bin/python tests/sglang_server/shims.py
+usage: .venv-sglang/bin/python bench/peers/sglang/shims.py
 
 What it installs into the venv's site-packages:
   1. sgl_kernel/__init__.py      a stand-in for the sgl-kernel (sglang-kernel) package
@@ -43,7 +43,7 @@ from pathlib import Path
 # it is imported by the Qwen-VL multimodal processor (so by every Qwen-VL server). They get a schema
 # and a kernel that raises when called. srt/models/muse_glimmer.py reads one of the same names.
 # ---------------------------------------------------------------------------------------------
-SGL_KERNEL_INIT = '''"""Stand-in for sgl-kernel on a CPU-only machine (written by tests/sglang_server/shims.py).
+SGL_KERNEL_INIT = '''"""Stand-in for sgl-kernel on a CPU-only machine (written by bench/peers/sglang/shims.py).
 
 Every attribute and every submodule is a stub that raises only when called; see shims.py."""
 
@@ -175,14 +175,14 @@ def install_sgl_kernel_stub(site_packages: Path) -> None:
 # then raises "operator torchvision::nms does not exist" at `import torchvision`. SGLang's Qwen-VL
 # processors (transformers' fast image processors) need only torchvision's Python transforms, which
 # work once those two fake registrations are skipped; nms/qnms stay unusable (nothing here calls
-# them). Same trick as tests/vllm_server/shims.py.
+# them). Same trick as bench/peers/vllm/shims.py.
 # ---------------------------------------------------------------------------------------------
 def skip_torchvision_fake_nms(site_packages: Path) -> None:
     path = site_packages / "torchvision" / "_meta_registrations.py"
     text = path.read_text()
     for op in ("nms", "qnms"):
         decorator = f'@torch.library.register_fake("torchvision::{op}")'
-        shim = f"@(lambda fn: fn)  # mmencode test-oracle shim (tests/sglang_server/shims.py): was {decorator}"
+        shim = f"@(lambda fn: fn)  # mmencode test-oracle shim (bench/peers/sglang/shims.py): was {decorator}"
         # Anchored to whole lines, so a second run leaves the shimmed line alone (idempotent).
         text = re.sub(rf"^{re.escape(decorator)}$", lambda _, shim=shim: shim, text, flags=re.MULTILINE)
     path.write_text(text)

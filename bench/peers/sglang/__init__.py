@@ -1,0 +1,1 @@
+"""SGLang as the tests and benchmarks start it: server.py, its environment (requirements.txt, shims.py)."""
