@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import torch
 
+from mmencode.app.peers.vllm.ec_storage import EC_LOCK_NAME, EC_USAGE_NAME
 from mmencode.app.peers.vllm.ec_writer import EC_CACHE_FILENAME
 from mmencode.models import load_encoder
 from tests.contract.test_video import FAMILIES as VIDEO_FAMILIES
@@ -174,7 +175,7 @@ def test_vllm_ec_consumer_loads_every_item_mmencode_wrote(ec_server: LiveServer,
     assert storage is not None
     with ec_server.client() as client:
         first = _encode(client)
-        written = {p: p.stat().st_mtime_ns for p in storage.rglob(EC_CACHE_FILENAME)}
+        written = {p: (p.stat().st_ino, p.read_bytes()) for p in storage.rglob(EC_CACHE_FILENAME)}
         # The same first image again (from the cache) and one only named by its hash.
         again = client.post(
             "/v1/encode",
@@ -188,9 +189,12 @@ def test_vllm_ec_consumer_loads_every_item_mmencode_wrote(ec_server: LiveServer,
             # The response says where the item went, and the file is there before the answer.
             assert item["ec_cache_path"] == str(storage / item_hash / EC_CACHE_FILENAME)
             assert Path(item["ec_cache_path"]).is_file()
-    # Files already there are left alone; atomic writes leave no temporary files behind.
-    assert {p: p.stat().st_mtime_ns for p in storage.rglob(EC_CACHE_FILENAME)} == written
-    assert sorted(p.name for p in storage.rglob("*") if p.is_file()) == [EC_CACHE_FILENAME] * 2
+    # Files already there are not written again (the same inode, the same bytes; naming one again only
+    # touches it, so that --ec-min-age counts from the last answer that named it); atomic writes leave no
+    # temporary files behind, only the budget's own lock and usage files beside the items' folders.
+    assert {p: (p.stat().st_ino, p.read_bytes()) for p in storage.rglob(EC_CACHE_FILENAME)} == written
+    files = sorted(p.relative_to(storage).name for p in storage.rglob("*") if p.is_file())
+    assert files == [EC_LOCK_NAME, EC_USAGE_NAME, EC_CACHE_FILENAME, EC_CACHE_FILENAME]
 
     consumed = vllm_ec_consume(storage, [*hashes, "0" * 32], tmp_path)
     assert consumed["found"] == {hashes[0]: True, hashes[1]: True, "0" * 32: False}
