@@ -10,6 +10,7 @@ side's CPU is its whole process tree's, from /proc, over its own turns only.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import datetime
 import json
@@ -209,3 +210,14 @@ def progress(label: str, concurrency: int) -> Callable[[int, dict[str, float]], 
         print(f"    {label} c={concurrency} round {r + 1}:", {k: round(v, 1) for k, v in rates.items()}, flush=True)
 
     return show
+
+
+def add_matrix_arguments(parser: argparse.ArgumentParser, *, name: str) -> None:
+    """The matrix both head-to-head scripts take: sizes, concurrencies, requests, rounds, where they keep
+    their files, and the JSON (default ``bench/results/<name>-<time>.json``)."""
+    parser.add_argument("--sizes", default="448x448,1280x720", help="WxH of the JPEGs, comma-separated")
+    parser.add_argument("--concurrency", default="1,8,32", help="comma-separated")
+    parser.add_argument("--requests", type=int, default=96, help="images per round and side")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--root", type=Path, default=Path(".cache/bench"), help="checkpoints and images")
+    parser.add_argument("--out", type=Path, help=f"the JSON (default: bench/results/{name}-<time>.json)")

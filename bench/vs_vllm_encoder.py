@@ -45,7 +45,16 @@ from safetensors.numpy import load_file
 
 from bench.checkpoints import SERVABLE_KINDS, servable_checkpoint
 from bench.common import service_process
-from bench.head_to_head import image_set, interleaved, progress, ratio_cell, run_meta, sizes_of, write_results
+from bench.head_to_head import (
+    add_matrix_arguments,
+    image_set,
+    interleaved,
+    progress,
+    ratio_cell,
+    run_meta,
+    sizes_of,
+    write_results,
+)
 
 SIDES = ("vllm", "mmencode")
 _WARM_IMAGES = 8
@@ -227,12 +236,7 @@ def table(results: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="tiny,mid", help=f"of {', '.join(SERVABLE_KINDS)}")
-    parser.add_argument("--sizes", default="448x448,1280x720", help="WxH of the JPEGs, comma-separated")
-    parser.add_argument("--concurrency", default="1,8,32", help="comma-separated")
-    parser.add_argument("--requests", type=int, default=96, help="images per round and side")
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--root", type=Path, default=Path(".cache/bench"), help="checkpoints and images")
-    parser.add_argument("--out", type=Path, help="the JSON (default: bench/results/vs_vllm_encoder-<time>.json)")
+    add_matrix_arguments(parser, name="vs_vllm_encoder")
     args = parser.parse_args(argv)
     from bench.peers.vllm.server import VLLM_VENV
 
